@@ -1,0 +1,157 @@
+"""``python -m stability run|list|report``: the command line.
+
+Bad input (a flag, a case file, a variant or plugin name) ends in one line on stderr and
+exit code 2; ``--debug`` shows the traceback instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+import traceback
+from collections.abc import Sequence
+from pathlib import Path
+
+from stability.errors import StabilityError
+
+EXIT_BAD_INPUT = 2
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m stability",
+        description="Train GNN variants on graph data, find the first NaN, write reports.",
+    )
+    parser.add_argument("--debug", action="store_true", help="show tracebacks for errors")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    run = sub.add_parser("run", help="run case files and write CSV and markdown reports")
+    run.add_argument("cases", nargs="+", type=Path, metavar="CASE", help="case TOML files")
+    run.add_argument(
+        "--out",
+        type=Path,
+        default=Path("reports"),
+        help="folder for <case>.csv, <case>.history.csv, <case>.md (default: reports)",
+    )
+    run.add_argument(
+        "--plugin",
+        action="append",
+        default=[],
+        metavar="MODULE",
+        help="import MODULE first, so the variants it registers can be named (repeatable)",
+    )
+    run.add_argument(
+        "--variants",
+        metavar="NAMES",
+        help="comma-separated variants to run instead of the case's list",
+    )
+    run.add_argument("--no-progress", action="store_true", help="no progress bars")
+
+    lst = sub.add_parser("list", help="list the registered variants")
+    lst.add_argument(
+        "--plugin",
+        action="append",
+        default=[],
+        metavar="MODULE",
+        help="import MODULE first (repeatable)",
+    )
+    lst.add_argument("--filter", help="only names containing this text")
+
+    rep = sub.add_parser("report", help="regenerate <case>.md from a results CSV")
+    rep.add_argument("csv", type=Path, metavar="CSV", help="a results CSV written by `run`")
+    rep.add_argument("--out", type=Path, help="folder for the markdown (default: beside the CSV)")
+    rep.add_argument(
+        "--plugin",
+        action="append",
+        default=[],
+        metavar="MODULE",
+        help="import MODULE first, for the descriptions of your variants",
+    )
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        _load_plugins(args.plugin)
+        return {"run": _run, "list": _list, "report": _report}[args.command](args)
+    except StabilityError as exc:
+        if args.debug:
+            traceback.print_exc()
+        print(f"stability: error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except KeyboardInterrupt:
+        print("stability: interrupted; rows of finished runs are in the CSV", file=sys.stderr)
+        return 130
+
+
+def _load_plugins(modules: Sequence[str]) -> None:
+    # The current folder is importable, as with `python -m`, so a user's module beside the
+    # case files can be named without installing it.
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    for module in modules:
+        try:
+            importlib.import_module(module)
+        except Exception as exc:
+            raise StabilityError(
+                f"plugin {module!r} failed to import: {type(exc).__name__}: {exc}"
+            ) from exc
+
+
+def _run(args: argparse.Namespace) -> int:
+    from stability.cases import load_case
+    from stability.report import results_frame, write_history, write_reports
+    from stability.runner import run_case
+
+    cases = [load_case(path) for path in args.cases]  # all validated before any training
+    if args.variants:
+        from dataclasses import replace
+
+        from stability.variants import get_variant
+
+        names = tuple(n.strip() for n in args.variants.split(",") if n.strip())
+        for name in names:
+            get_variant(name)
+        cases = [replace(case, variants=names) for case in cases]
+    _check_writable(args.out)
+    for case in cases:
+        results = run_case(case, args.out, progress=not args.no_progress)
+        frame = results_frame(results)
+        write_history(results, args.out / f"{case.name}.history.csv")
+        path = write_reports(frame, args.out, case.name, case.description)
+        print(f"wrote {args.out / (case.name + '.csv')} and {path}")
+    return 0
+
+
+def _check_writable(out: Path) -> None:
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise StabilityError(f"--out {out}: cannot create the folder ({exc.strerror})") from None
+    if not os.access(out, os.W_OK):
+        raise StabilityError(f"--out {out}: the folder is not writable")
+
+
+def _list(args: argparse.Namespace) -> int:
+    from stability.variants import list_variants
+
+    variants = list_variants(args.filter)
+    width = max((len(v.name) for v in variants), default=0)
+    for variant in variants:
+        print(f"{variant.name:<{width}}  {variant.description}")
+    return 0
+
+
+def _report(args: argparse.Namespace) -> int:
+    from stability.report import read_results, write_reports
+
+    frame = read_results(args.csv)
+    if frame.empty:
+        raise StabilityError(f"{args.csv}: has no result rows")
+    case = str(frame["case"].iloc[0])
+    path = write_reports(frame, args.out or args.csv.parent, case)
+    print(f"wrote {path}")
+    return 0

@@ -1,0 +1,29 @@
+"""The harness's own errors: each one is a one-line message for the user, never a traceback."""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable
+
+
+class StabilityError(ValueError):
+    """Bad input from the user (a case file, data, a flag, a name); the CLI exits with code 2."""
+
+
+class CaseError(StabilityError):
+    """A case file that cannot be read or does not validate."""
+
+
+class NameNotFound(StabilityError):
+    """An unknown registry name (variant, data set, softmax), with a "did you mean" suggestion."""
+
+    def __init__(self, kind: str, name: str, known: Iterable[str]):
+        known = sorted(known)
+        close = difflib.get_close_matches(name, known, n=1)
+        hint = f" Did you mean {close[0]!r}?" if close else ""
+        super().__init__(f"unknown {kind} {name!r}.{hint} Known: {', '.join(known)}.")
+        self.kind, self.name, self.known = kind, name, known
+
+
+class DataError(StabilityError):
+    """Graph data that is malformed before any training happens."""

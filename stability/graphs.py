@@ -1,0 +1,133 @@
+"""Graphs and batches of graphs, as flat arrays in the jraph ``GraphsTuple`` layout.
+
+A batch of ``num_graphs`` graphs is one disconnected graph: node and edge arrays are
+concatenated and the edge endpoints are offset so that they index the batch's nodes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from stability.errors import DataError
+
+#: Names of the arrays a model receives, in the order of ``GraphBatch.as_inputs``.
+INPUT_NAMES = ("nodes", "edges", "senders", "receivers", "node_graph", "num_graphs")
+
+
+@dataclass(frozen=True)
+class Graph:
+    """One graph with a scalar target.
+
+    Shapes:
+        nodes: ``[num_nodes, num_features]`` float node features.
+        edges: ``[num_edges, 1]`` the edge distance ``e``.
+        senders, receivers: ``[num_edges]`` int node indices; a message flows sender -> receiver.
+        target: the graph's scalar target, in its own units.
+    """
+
+    nodes: np.ndarray
+    edges: np.ndarray
+    senders: np.ndarray
+    receivers: np.ndarray
+    target: float
+
+    @property
+    def num_nodes(self) -> int:
+        return int(self.nodes.shape[0])
+
+    @property
+    def num_edges(self) -> int:
+        return int(self.edges.shape[0])
+
+
+@dataclass(frozen=True)
+class GraphBatch:
+    """Several graphs batched into one.
+
+    Shapes:
+        nodes: ``[num_nodes, num_features]``
+        edges: ``[num_edges, 1]``
+        senders, receivers: ``[num_edges]`` int32, indices into ``nodes``
+        node_graph: ``[num_nodes]`` int32, the graph each node belongs to
+        num_graphs: the number of graphs (some may have no nodes)
+        targets: ``[num_graphs]`` the graph targets, in whatever scale the caller chose
+    """
+
+    nodes: np.ndarray
+    edges: np.ndarray
+    senders: np.ndarray
+    receivers: np.ndarray
+    node_graph: np.ndarray
+    num_graphs: int
+    targets: np.ndarray
+
+    def as_inputs(self) -> dict[str, np.ndarray]:
+        """The model's inputs, keyed by ``INPUT_NAMES``; ``num_graphs`` as a 0-d int32 array."""
+        inputs = {name: getattr(self, name) for name in INPUT_NAMES}
+        inputs["num_graphs"] = np.asarray(self.num_graphs, np.int32)
+        return inputs
+
+    @property
+    def num_nodes(self) -> int:
+        return int(self.nodes.shape[0])
+
+    @property
+    def num_edges(self) -> int:
+        return int(self.edges.shape[0])
+
+
+def batch_graphs(
+    graphs: Sequence[Graph], targets: np.ndarray | None = None, dtype: str = "float32"
+) -> GraphBatch:
+    """Concatenate ``graphs`` into one ``GraphBatch``.
+
+    ``targets`` overrides the graphs' own targets (for example, scaled ones); it has shape
+    ``[len(graphs)]``.
+    """
+    if not graphs:
+        raise DataError("cannot batch an empty list of graphs")
+    num_nodes = np.array([g.num_nodes for g in graphs])
+    num_edges = np.array([g.num_edges for g in graphs])
+    # Each graph's edge indices are shifted by the number of nodes before it in the batch.
+    offsets = np.repeat(np.cumsum(num_nodes) - num_nodes, num_edges)
+    if targets is None:
+        targets = np.array([g.target for g in graphs])
+    num_features = graphs[0].nodes.shape[1]
+    return GraphBatch(
+        nodes=np.concatenate([g.nodes for g in graphs]).astype(dtype).reshape(-1, num_features),
+        edges=np.concatenate([g.edges for g in graphs]).astype(dtype).reshape(-1, 1),
+        senders=(np.concatenate([g.senders for g in graphs]) + offsets).astype(np.int32),
+        receivers=(np.concatenate([g.receivers for g in graphs]) + offsets).astype(np.int32),
+        node_graph=np.repeat(np.arange(len(graphs)), num_nodes).astype(np.int32),
+        num_graphs=len(graphs),
+        targets=np.asarray(targets, dtype=dtype),
+    )
+
+
+def validate_graph(graph: Graph, index: int) -> None:
+    """Raise ``DataError`` naming graph ``index`` and the field if ``graph`` is malformed."""
+    where = f"graph {index}"
+    if graph.nodes.ndim != 2:
+        raise DataError(f"{where}: nodes must be [num_nodes, features], got {graph.nodes.shape}")
+    if graph.edges.shape != (graph.num_edges, 1):
+        raise DataError(f"{where}: edges must be [num_edges, 1], got {graph.edges.shape}")
+    for field in ("senders", "receivers"):
+        idx = getattr(graph, field)
+        if idx.shape != (graph.num_edges,):
+            raise DataError(f"{where}: {field} must be [num_edges], got {idx.shape}")
+        if idx.size and (idx.min() < 0 or idx.max() >= graph.num_nodes):
+            raise DataError(
+                f"{where}: {field} points at node {int(idx.max())} (or {int(idx.min())}), "
+                f"but the graph has {graph.num_nodes} nodes"
+            )
+    if not np.isfinite(graph.nodes).all():
+        raise DataError(f"{where}: nodes hold non-finite values")
+    if not np.isfinite(graph.edges).all():
+        raise DataError(f"{where}: edges hold non-finite distances")
+    if (graph.edges < 0).any():
+        raise DataError(f"{where}: edges hold negative distances (min {graph.edges.min():g})")
+    if not np.isfinite(graph.target):
+        raise DataError(f"{where}: target {graph.target!r} is not finite")

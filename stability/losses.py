@@ -1,0 +1,28 @@
+"""The seed's robust loss for a two-output head (mean, log sigma)."""
+
+from __future__ import annotations
+
+import math
+
+import tensorflow as tf
+
+
+def robust_loss(
+    y_true: tf.Tensor,
+    y_pred: tf.Tensor,
+    log_sigma_clip: tuple[float, float] | None = None,
+) -> tf.Tensor:
+    """``mean(sqrt(2) * |mean - y| * exp(-log_sigma) + log_sigma)``, the seed's loss.
+
+    A Laplace negative log-likelihood up to a constant. ``log_sigma_clip`` clips log sigma
+    to ``[low, high]`` first, as the seed tried (the ``sigma_clip`` variant).
+
+    Shapes: ``y_true`` ``[num_graphs]``, ``y_pred`` ``[num_graphs, 2]``; returns a scalar.
+    """
+    # [num_graphs]
+    mean, log_sigma = y_pred[:, 0], y_pred[:, 1]
+    if log_sigma_clip is not None:
+        log_sigma = tf.clip_by_value(log_sigma, *log_sigma_clip)
+    y_true = tf.cast(y_true, y_pred.dtype)
+    per_graph = math.sqrt(2.0) * tf.abs(mean - y_true) * tf.exp(-log_sigma) + log_sigma
+    return tf.reduce_mean(per_graph)

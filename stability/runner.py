@@ -1,0 +1,101 @@
+"""A sweep: every (learning rate, batch size, variant, seed) of a case, on one shared data set."""
+
+from __future__ import annotations
+
+import csv
+import itertools
+from collections.abc import Iterator
+from pathlib import Path
+
+from tqdm.auto import tqdm
+
+from stability.cases import Case
+from stability.datasets import Dataset, load_dataset
+from stability.results import RESULT_FIELDS, RunResult
+from stability.trainer import TrainConfig, Trainer
+from stability.variants import get_variant
+
+
+def run_configs(case: Case) -> Iterator[tuple[str, TrainConfig]]:
+    """(variant name, config) for every run of ``case``, in a fixed order."""
+    for lr, batch_size, variant, seed in itertools.product(
+        case.learning_rates, case.batch_sizes, case.variants, case.seeds
+    ):
+        yield (
+            variant,
+            TrainConfig(
+                case=case.name,
+                seed=seed,
+                batch_size=batch_size,
+                learning_rate=lr,
+                epochs=case.epochs,
+                dtype=case.dtype,
+                hidden=case.hidden,
+                num_layers=case.num_layers,
+                stop_at_nan=case.stop_at_nan,
+            ),
+        )
+
+
+def case_dataset(case: Case) -> Dataset:
+    """The case's data set; every variant of the case trains on these same graphs."""
+    params = {"seed": 0, **case.dataset_params}
+    return load_dataset(case.dataset, **params)
+
+
+def run_case(case: Case, out_dir: Path | None = None, progress: bool = True) -> list[RunResult]:
+    """Train every run of ``case``; with ``out_dir``, append each row to ``<case>.csv`` as it
+    finishes, so an interrupted sweep keeps what it finished."""
+    dataset = case_dataset(case)
+    configs = list(run_configs(case))
+    writer = _RowWriter(out_dir / f"{case.name}.csv") if out_dir is not None else None
+    results: list[RunResult] = []
+    runs = tqdm(configs, desc=case.name, unit="run", disable=not progress, dynamic_ncols=True)
+    for variant_name, config in runs:
+        label = (
+            f"{variant_name} seed={config.seed} bs={config.batch_size} lr={config.learning_rate:g}"
+        )
+        runs.set_postfix_str(label)
+        epochs = tqdm(
+            total=config.epochs,
+            desc="  epochs",
+            unit="ep",
+            leave=False,
+            disable=not progress,
+            dynamic_ncols=True,
+        )
+
+        def on_epoch(record, epochs=epochs):
+            epochs.update(1)
+            epochs.set_postfix(loss=f"{record.train_loss:.3g}", logit=f"{record.max_abs_logit:.3g}")
+
+        try:
+            result = Trainer(get_variant(variant_name), dataset, config, on_epoch).run()
+        finally:
+            epochs.close()
+        if progress:
+            nan = f"NaN at epoch {result.first_nan_epoch}" if result.hit_nan else "finite"
+            runs.write(f"{case.name}: {label}: {nan}, best MAE {_fmt(result.best_mae)}")
+        results.append(result)
+        if writer is not None:
+            writer.append(result)
+    return results
+
+
+def _fmt(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"
+
+
+class _RowWriter:
+    """Writes the CSV header once, then one flushed row per finished run."""
+
+    def __init__(self, path: Path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.path = path
+        with path.open("w", newline="", encoding="utf-8") as handle:
+            csv.DictWriter(handle, RESULT_FIELDS).writeheader()
+
+    def append(self, result: RunResult) -> None:
+        with self.path.open("a", newline="", encoding="utf-8") as handle:
+            csv.DictWriter(handle, RESULT_FIELDS).writerow(result.row())
+            handle.flush()

@@ -1,0 +1,265 @@
+"""The guarded training loop: one variant, one data set, one seed -> one ``RunResult``."""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from stability.datasets import Dataset
+from stability.graphs import Graph, GraphBatch, batch_graphs
+from stability.results import EpochRecord, RunResult
+from stability.sentinel import all_finite, finite_flags, first_failure, nonfinite_weights
+from stability.variants import BuildContext, Recipe, Variant
+
+DTYPES = ("float32", "float64")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """The settings of one run. ``stop_at_nan=False`` trains on past the first NaN, the way
+    an unguarded loop would, to see when (or whether) the loss itself turns non-finite."""
+
+    case: str = "adhoc"
+    seed: int = 0
+    batch_size: int = 32
+    learning_rate: float = 3e-2
+    epochs: int = 100
+    dtype: str = "float32"
+    hidden: int = 32
+    num_layers: int = 1
+    stop_at_nan: bool = True
+
+
+def seed_everything(seed: int) -> None:
+    """Seed Python, NumPy and TensorFlow and make TensorFlow's ops deterministic.
+
+    Without op determinism the same seed gave first NaNs epochs apart (DESIGN.md).
+    """
+    keras.utils.set_random_seed(seed)
+    tf.config.experimental.enable_op_determinism()
+
+
+def forward(model: keras.Model, inputs: dict[str, tf.Tensor]) -> dict[str, Any]:
+    """``model.forward(inputs)`` if the model has it, else its predictions alone."""
+    if hasattr(model, "forward"):
+        return model.forward(inputs)
+    return {"predictions": model(inputs), "logits": [], "alpha": [], "nodes": []}
+
+
+def input_signature(
+    num_features: int, dtype: str
+) -> tuple[dict[str, tf.TensorSpec], tf.TensorSpec]:
+    """Specs of a ``GraphBatch``'s inputs and targets; every dimension that varies between
+    batches is ``None``, so a compiled step is traced once per run, never per batch."""
+    inputs = {
+        "nodes": tf.TensorSpec([None, num_features], dtype),
+        "edges": tf.TensorSpec([None, 1], dtype),
+        "senders": tf.TensorSpec([None], tf.int32),
+        "receivers": tf.TensorSpec([None], tf.int32),
+        "node_graph": tf.TensorSpec([None], tf.int32),
+        "num_graphs": tf.TensorSpec([], tf.int32),
+    }
+    return inputs, tf.TensorSpec([None], dtype)
+
+
+def make_train_step(recipe: Recipe, signature: tuple[Any, Any], guard: bool) -> Callable[..., Any]:
+    """A compiled step: forward, loss, gradients, update, and the fused finiteness check.
+
+    Returns ``flags`` (``[4]`` bool, see ``sentinel.STAGES``) and ``stats``
+    (``[4]``: loss, max |attention logit|, global gradient norm, max |weight|).
+    With ``guard``, a step whose forward pass, loss or gradients are not finite leaves the
+    weights as they were, so the last finite state survives for inspection.
+    """
+    model, optimizer, weights = recipe.model, recipe.optimizer, recipe.model.trainable_variables
+
+    @tf.function(input_signature=signature, reduce_retracing=True)
+    def step(inputs: dict[str, tf.Tensor], targets: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+        with tf.GradientTape() as tape:
+            out = forward(model, inputs)
+            loss = recipe.loss(targets, out["predictions"])
+            # Regularizers (the weight_constrained variant's l2) join the optimized loss;
+            # the reported loss stays the seed's robust loss.
+            total = loss + tf.add_n(model.losses) if model.losses else loss
+        gradients = tape.gradient(total, weights)
+        if recipe.gradient_transform is not None:
+            gradients = recipe.gradient_transform(gradients)
+        watched = [out["predictions"], *out["alpha"], *out["logits"]]
+        healthy = all_finite(watched) & all_finite([loss]) & all_finite(gradients)
+        if guard:
+            tf.cond(healthy, lambda: _apply(optimizer, gradients, weights), tf.no_op)
+        else:
+            optimizer.apply(gradients, weights)
+        flags = finite_flags(watched, loss, gradients, weights)
+        stats = tf.stack(
+            [
+                tf.cast(loss, tf.float32),
+                _max_abs(out["logits"]),
+                tf.cast(tf.linalg.global_norm(gradients), tf.float32),
+                _max_abs(weights),
+            ]
+        )
+        return flags, stats
+
+    return step
+
+
+def _apply(optimizer: keras.optimizers.Optimizer, gradients: list, weights: list) -> tf.Operation:
+    optimizer.apply(gradients, weights)
+    return tf.no_op()
+
+
+def _max_abs(tensors: list) -> tf.Tensor:
+    if not tensors:
+        return tf.constant(math.nan, tf.float32)
+    return tf.cast(tf.reduce_max(tf.stack([tf.reduce_max(tf.abs(t)) for t in tensors])), tf.float32)
+
+
+def make_predict(model: keras.Model, signature: tuple[Any, Any]) -> Callable[..., tf.Tensor]:
+    @tf.function(input_signature=signature[:1], reduce_retracing=True)
+    def predict(inputs: dict[str, tf.Tensor]) -> tf.Tensor:
+        return forward(model, inputs)["predictions"]
+
+    return predict
+
+
+class Trainer:
+    """Trains one variant on one data set and watches every step for the first NaN."""
+
+    def __init__(
+        self,
+        variant: Variant,
+        dataset: Dataset,
+        config: TrainConfig,
+        on_epoch: Callable[[EpochRecord], None] | None = None,
+    ):
+        self.variant, self.dataset, self.config, self.on_epoch = variant, dataset, config, on_epoch
+        self.recipe: Recipe | None = None
+
+    def build(self) -> Recipe:
+        """Clear Keras state, seed everything, and build the variant's recipe."""
+        keras.backend.clear_session()
+        seed_everything(self.config.seed)
+        ctx = BuildContext(
+            num_features=self.dataset.num_features,
+            hidden=self.config.hidden,
+            num_layers=self.config.num_layers,
+            learning_rate=self.config.learning_rate,
+            edge_mean=self.dataset.edge_mean,
+            edge_std=self.dataset.edge_std,
+            dtype=self.config.dtype,
+        )
+        recipe = self.variant.build(ctx)
+        # Adam's slots exist before the first compiled step, so tracing never creates them.
+        recipe.optimizer.build(recipe.model.trainable_variables)
+        self.recipe = recipe
+        return recipe
+
+    def run(self) -> RunResult:
+        cfg, data = self.config, self.dataset
+        started = time.perf_counter()
+        recipe = self.build()
+        signature = input_signature(data.num_features, cfg.dtype)
+        step = make_train_step(recipe, signature, guard=cfg.stop_at_nan)
+        predict = make_predict(recipe.model, signature)
+        val_batch = batch_graphs(data.val, dtype=cfg.dtype)
+        result = RunResult(
+            case=cfg.case,
+            variant=self.variant.name,
+            seed=cfg.seed,
+            dataset=data.key,
+            batch_size=cfg.batch_size,
+            learning_rate=cfg.learning_rate,
+            epochs=cfg.epochs,
+            dtype=cfg.dtype,
+            tf_version=tf.__version__,
+        )
+        # Train on a standardized target; MAE is reported back in the target's own units.
+        scaled = (np.array([g.target for g in data.train]) - data.target_mean) / data.target_std
+        rng = np.random.default_rng(cfg.seed)
+        steps, step_seconds = 0, 0.0
+        for epoch in range(1, cfg.epochs + 1):
+            record = EpochRecord(epoch)
+            epoch_stats: list[np.ndarray] = []
+            tick = time.perf_counter()
+            for batch in _shuffled_batches(data.train, scaled, cfg.batch_size, rng, cfg.dtype):
+                flags, stats = step(batch.as_inputs(), batch.targets)
+                flags, stats = flags.numpy(), stats.numpy()
+                steps += 1
+                epoch_stats.append(stats)
+                if not flags.all():
+                    self._record_nan(result, flags, epoch, steps)
+                    if cfg.stop_at_nan:
+                        break
+            step_seconds += time.perf_counter() - tick
+            _summarize_epoch(record, epoch_stats)
+            record.val_mae = self._val_mae(predict, val_batch)
+            result.history.append(record)
+            if self.on_epoch is not None:
+                self.on_epoch(record)
+            if result.hit_nan and cfg.stop_at_nan:
+                break
+        self._finish(result, started, steps, step_seconds)
+        return result
+
+    def _record_nan(self, result: RunResult, flags: np.ndarray, epoch: int, steps: int) -> None:
+        if not flags[1] and result.loss_nan_epoch is None:
+            result.loss_nan_epoch = epoch
+        if result.hit_nan:
+            return
+        result.first_nan_epoch, result.first_nan_step = epoch, steps
+        result.first_nan_where = first_failure(flags)
+        if result.first_nan_where == "weights":
+            bad = nonfinite_weights(self.recipe.model.trainable_variables)
+            result.first_nan_layer = bad[0].rsplit("/", 1)[0] if bad else None
+
+    def _val_mae(self, predict: Callable[..., tf.Tensor], batch: GraphBatch) -> float:
+        mean = predict(batch.as_inputs()).numpy()[:, 0].astype(np.float64)
+        data = self.dataset
+        return float(np.mean(np.abs(mean * data.target_std + data.target_mean - batch.targets)))
+
+    def _finish(self, result: RunResult, started: float, steps: int, seconds: float) -> None:
+        maes = [r.val_mae for r in result.history]
+        finite = [m for m in maes if np.isfinite(m)]
+        # A run that hit a NaN has no final model a user could keep: final_mae stays empty.
+        if not result.hit_nan and maes and np.isfinite(maes[-1]):
+            result.final_mae = maes[-1]
+        result.best_mae = min(finite) if finite else None
+        if result.hit_nan and result.first_nan_epoch > 1:
+            before = maes[result.first_nan_epoch - 2]
+            result.mae_before_nan = before if np.isfinite(before) else None
+        logits = [r.max_abs_logit for r in result.history if np.isfinite(r.max_abs_logit)]
+        result.max_abs_logit = max(logits) if logits else None
+        result.wall_seconds = time.perf_counter() - started
+        result.steps_per_second = steps / seconds if seconds > 0 else 0.0
+
+
+def _shuffled_batches(
+    graphs: list[Graph], targets: np.ndarray, batch_size: int, rng: np.random.Generator, dtype: str
+):
+    order = rng.permutation(len(graphs))
+    for start in range(0, len(order), batch_size):
+        chosen = order[start : start + batch_size]
+        yield batch_graphs([graphs[i] for i in chosen], targets=targets[chosen], dtype=dtype)
+
+
+def _summarize_epoch(record: EpochRecord, stats: list[np.ndarray]) -> None:
+    """Mean loss and gradient norm, max |logit| and |weight| over the epoch's finite steps."""
+    if not stats:
+        return
+    table = np.array(stats, dtype=np.float64)  # [steps, 4]
+    with np.errstate(all="ignore"):
+        finite = np.where(np.isfinite(table), table, np.nan)
+        if np.isfinite(finite[:, 0]).any():
+            record.train_loss = float(np.nanmean(finite[:, 0]))
+        for column, name in ((1, "max_abs_logit"), (3, "max_abs_weight")):
+            if np.isfinite(finite[:, column]).any():
+                setattr(record, name, float(np.nanmax(finite[:, column])))
+        if np.isfinite(finite[:, 2]).any():
+            record.grad_norm = float(np.nanmean(finite[:, 2]))

@@ -1,0 +1,116 @@
+"""The command line, as a user runs it: a real subprocess each time."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from conftest import TINY_CASE
+
+from stability.results import RESULT_FIELDS
+
+ROOT = Path(__file__).parent.parent
+
+
+def stability(*args, cwd):
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run(
+        [sys.executable, "-m", "stability", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+@pytest.fixture
+def case_file(tmp_path):
+    path = tmp_path / "tiny.toml"
+    path.write_text(TINY_CASE)
+    return path
+
+
+def test_run_writes_csv_history_and_markdown(case_file, tmp_path):
+    out = tmp_path / "out"
+    done = stability("run", str(case_file), "--out", str(out), "--no-progress", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    frame = pd.read_csv(out / "tiny.csv")
+    assert tuple(frame.columns) == RESULT_FIELDS
+    assert sorted(frame["variant"]) == ["raw_e", "stable_softmax"]
+    history = pd.read_csv(out / "tiny.history.csv")
+    assert len(history) == 4  # 2 runs x 2 epochs
+    markdown = (out / "tiny.md").read_text()
+    assert "| raw_e" in markdown and "NaN in" in markdown
+
+    again = stability("report", str(out / "tiny.csv"), "--out", str(tmp_path / "md"), cwd=tmp_path)
+    assert again.returncode == 0, again.stderr
+    assert (tmp_path / "md" / "tiny.md").read_text() == markdown, "report must follow the CSV"
+
+
+def test_list_prints_every_variant(tmp_path):
+    done = stability("list", cwd=tmp_path)
+    assert done.returncode == 0
+    for name in [
+        "raw_e",
+        "sigmoid_e",
+        "normalized_e",
+        "weight_constrained",
+        "stable_softmax",
+        "no_e",
+        "relu_e",
+        "grad_clip",
+        "sigma_clip",
+    ]:
+        assert name in done.stdout
+
+
+def test_plugin_variant_can_be_named_in_a_case(case_file, tmp_path):
+    (tmp_path / "my_variants.py").write_text(
+        "from stability import register_variant, create_recipe\n"
+        "@register_variant\n"
+        "def my_sigmoid_stable(ctx):\n"
+        "    '''sigmoid(e) and the stable softmax'''\n"
+        "    return create_recipe(ctx, edge_mode='sigmoid', softmax='stable')\n"
+    )
+    case_file.write_text(TINY_CASE.replace('"stable_softmax"', '"my_sigmoid_stable"'))
+    out = tmp_path / "out"
+    done = stability(
+        "run",
+        str(case_file),
+        "--out",
+        str(out),
+        "--no-progress",
+        "--plugin",
+        "my_variants",
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "my_sigmoid_stable" in set(pd.read_csv(out / "tiny.csv")["variant"])
+    listed = stability("list", "--plugin", "my_variants", cwd=tmp_path)
+    assert "sigmoid(e) and the stable softmax" in listed.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        pytest.param(["run", "absent.toml"], "absent.toml: no such case file", id="missing"),
+        pytest.param(
+            ["run", "tiny.toml", "--variants", "raw_ee"], "Did you mean 'raw_e'?", id="variant"
+        ),
+        pytest.param(
+            ["run", "tiny.toml", "--plugin", "no_such_module"],
+            "plugin 'no_such_module' failed to import",
+            id="plugin",
+        ),
+        pytest.param(["report", "absent.csv"], "absent.csv: no such results file", id="report"),
+    ],
+)
+def test_bad_input_gets_one_line_and_exit_2(case_file, tmp_path, args, message):
+    done = stability(*args, cwd=tmp_path)
+    assert done.returncode == 2
+    assert message in done.stderr
+    assert "Traceback" not in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1, done.stderr
