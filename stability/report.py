@@ -123,7 +123,8 @@ _READING_GUIDE = """\
 - **first NaN epoch**: the epoch (from 1) of the first non-finite value, median over the
   runs that hit one, with the range. `-` means no run hit one.
 - **where**: the first stage of the step that was not finite: `forward` (predictions,
-  attention logits or weights), `loss`, `gradient` or `weights` (after the update).
+  attention logits or attention weights), `loss`, `gradient` or `weights` (after the
+  update).
 - **final MAE**: validation MAE in the target's own units after the last epoch, for runs that
   stayed finite. **MAE before NaN**: the same after the last whole epoch before the NaN.
 - **max abs logit**: the largest |attention logit| seen; `exp` overflows float32 above 88.72.
