@@ -63,6 +63,9 @@ def _parser() -> argparse.ArgumentParser:
     rep.add_argument("csv", type=Path, metavar="CSV", help="a results CSV written by `run`")
     rep.add_argument("--out", type=Path, help="folder for the markdown (default: beside the CSV)")
     rep.add_argument(
+        "--case", type=Path, metavar="CASE", help="the case file, for its description (optional)"
+    )
+    rep.add_argument(
         "--plugin",
         action="append",
         default=[],
@@ -152,6 +155,11 @@ def _report(args: argparse.Namespace) -> int:
     if frame.empty:
         raise StabilityError(f"{args.csv}: has no result rows")
     case = str(frame["case"].iloc[0])
-    path = write_reports(frame, args.out or args.csv.parent, case)
+    description = ""
+    if args.case is not None:
+        from stability.cases import load_case
+
+        description = load_case(args.case).description
+    path = write_reports(frame, args.out or args.csv.parent, case, description)
     print(f"wrote {path}")
     return 0
