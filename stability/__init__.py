@@ -13,6 +13,7 @@ import importlib
 from typing import Any
 
 _EXPORTS = {  # public name -> module that defines it
+    "NanSentinel": "callback",
     "Case": "cases",
     "load_case": "cases",
     "CaseError": "errors",

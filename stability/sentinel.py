@@ -17,6 +17,8 @@ from collections.abc import Sequence
 import numpy as np
 import tensorflow as tf
 
+from stability.replay import NanSite
+
 #: The stages ``finite_flags`` checks, in its output order.
 STAGES = ("forward", "loss", "gradient", "weights")
 
@@ -50,3 +52,10 @@ def first_failure(flags: np.ndarray) -> str | None:
 def nonfinite_weights(weights: Sequence[tf.Variable]) -> list[str]:
     """The paths of the weights that hold a non-finite value."""
     return [w.path for w in weights if not np.isfinite(w.numpy()).all()]
+
+
+def nonfinite_weight_site(weights: Sequence[tf.Variable], optimizer: object) -> NanSite:
+    """The site for weights that an update made non-finite from finite gradients."""
+    bad = nonfinite_weights(weights)
+    layer = bad[0].rsplit("/", 1)[0] if bad else None
+    return NanSite("weights", layer, f"{type(optimizer).__name__} update")

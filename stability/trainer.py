@@ -14,8 +14,9 @@ import tensorflow as tf
 
 from stability.datasets import Dataset
 from stability.graphs import Graph, GraphBatch, batch_graphs
+from stability.replay import NanSite, replay_step
 from stability.results import EpochRecord, RunResult
-from stability.sentinel import all_finite, finite_flags, first_failure, nonfinite_weights
+from stability.sentinel import all_finite, finite_flags, first_failure, nonfinite_weight_site
 from stability.variants import BuildContext, Recipe, Variant
 
 DTYPES = ("float32", "float64")
@@ -86,7 +87,7 @@ def make_train_step(recipe: Recipe, signature: tuple[Any, Any], guard: bool) -> 
             loss = recipe.loss(targets, out["predictions"])
             # Regularizers (the weight_constrained variant's l2) join the optimized loss;
             # the reported loss stays the seed's robust loss.
-            total = loss + tf.add_n(model.losses) if model.losses else loss
+            total = _total_loss(recipe, targets, out["predictions"]) if model.losses else loss
         gradients = tape.gradient(total, weights)
         if recipe.gradient_transform is not None:
             gradients = recipe.gradient_transform(gradients)
@@ -166,7 +167,9 @@ class Trainer:
         started = time.perf_counter()
         recipe = self.build()
         signature = input_signature(data.num_features, cfg.dtype)
-        step = make_train_step(recipe, signature, guard=cfg.stop_at_nan)
+        # The first failing step is always guarded, so the weights from before it survive
+        # for the replay; with stop_at_nan=False the run then goes on unguarded.
+        step = make_train_step(recipe, signature, guard=True)
         predict = make_predict(recipe.model, signature)
         val_batch = batch_graphs(data.val, dtype=cfg.dtype)
         result = RunResult(
@@ -189,14 +192,20 @@ class Trainer:
             epoch_stats: list[np.ndarray] = []
             tick = time.perf_counter()
             for batch in _shuffled_batches(data.train, scaled, cfg.batch_size, rng, cfg.dtype):
-                flags, stats = step(batch.as_inputs(), batch.targets)
-                flags, stats = flags.numpy(), stats.numpy()
+                inputs = batch.as_inputs()
+                flags, stats = (t.numpy() for t in step(inputs, batch.targets))
                 steps += 1
+                if not flags.all() and not result.hit_nan:
+                    self._record_first_nan(result, flags, epoch, steps, batch)
+                    if not cfg.stop_at_nan:
+                        # Apply the failing update as an unguarded loop would, and go on so.
+                        step = make_train_step(recipe, signature, guard=False)
+                        flags, stats = (t.numpy() for t in step(inputs, batch.targets))
                 epoch_stats.append(stats)
-                if not flags.all():
-                    self._record_nan(result, flags, epoch, steps)
-                    if cfg.stop_at_nan:
-                        break
+                if not flags[1] and result.loss_nan_epoch is None:
+                    result.loss_nan_epoch = epoch
+                if result.hit_nan and cfg.stop_at_nan:
+                    break
             step_seconds += time.perf_counter() - tick
             _summarize_epoch(record, epoch_stats)
             record.val_mae = self._val_mae(predict, val_batch)
@@ -208,16 +217,29 @@ class Trainer:
         self._finish(result, started, steps, step_seconds)
         return result
 
-    def _record_nan(self, result: RunResult, flags: np.ndarray, epoch: int, steps: int) -> None:
-        if not flags[1] and result.loss_nan_epoch is None:
-            result.loss_nan_epoch = epoch
-        if result.hit_nan:
-            return
+    def _record_first_nan(
+        self, result: RunResult, flags: np.ndarray, epoch: int, steps: int, batch: GraphBatch
+    ) -> None:
+        """Fill the ``first_nan_*`` fields; replay the step to name the layer and op."""
+        recipe = self.recipe
         result.first_nan_epoch, result.first_nan_step = epoch, steps
-        result.first_nan_where = first_failure(flags)
-        if result.first_nan_where == "weights":
-            bad = nonfinite_weights(self.recipe.model.trainable_variables)
-            result.first_nan_layer = bad[0].rsplit("/", 1)[0] if bad else None
+        stage = first_failure(flags)
+        if stage == "weights":  # finite gradients, but the update wrote a non-finite weight
+            site = nonfinite_weight_site(recipe.model.trainable_variables, recipe.optimizer)
+        else:
+            site = replay_step(
+                recipe.model,
+                lambda predictions: _total_loss(recipe, batch.targets, predictions),
+                _as_tensors(batch.as_inputs()),
+                recipe.gradient_transform,
+            )
+        # A replay that stayed finite would contradict the check; report what it saw.
+        site = site or NanSite(stage)
+        result.first_nan_where, result.first_nan_layer, result.first_nan_op = (
+            site.where,
+            site.layer,
+            site.op,
+        )
 
     def _val_mae(self, predict: Callable[..., tf.Tensor], batch: GraphBatch) -> float:
         mean = predict(batch.as_inputs()).numpy()[:, 0].astype(np.float64)
@@ -238,6 +260,16 @@ class Trainer:
         result.max_abs_logit = max(logits) if logits else None
         result.wall_seconds = time.perf_counter() - started
         result.steps_per_second = steps / seconds if seconds > 0 else 0.0
+
+
+def _total_loss(recipe: Recipe, targets: Any, predictions: tf.Tensor) -> tf.Tensor:
+    """The optimized loss: the variant's loss plus the model's regularization losses."""
+    loss = recipe.loss(targets, predictions)
+    return loss + tf.add_n(recipe.model.losses) if recipe.model.losses else loss
+
+
+def _as_tensors(inputs: dict[str, np.ndarray]) -> dict[str, tf.Tensor]:
+    return {name: tf.convert_to_tensor(value) for name, value in inputs.items()}
 
 
 def _shuffled_batches(

@@ -1,0 +1,117 @@
+"""The replay names the layer and op of a step's first non-finite value."""
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+from test_sentinel import nan_gradient, overflowing_loss
+
+from stability import BuildContext
+from stability.replay import site_from_error
+from stability.trainer import TrainConfig, Trainer
+from stability.variants import Recipe, Variant, create_recipe
+
+CONFIG = TrainConfig(seed=0, batch_size=16, learning_rate=1e-2, epochs=2, hidden=8)
+
+
+def run(build, dataset, **overrides):
+    config = TrainConfig(**{**CONFIG.__dict__, **overrides})
+    return Trainer(Variant("planted", "test-only", build), dataset, config).run()
+
+
+def attention_weight_on_e(weight: float):
+    """raw_e with Net's kernel zero except its weight on e: every logit is weight * e."""
+
+    def build(ctx: BuildContext) -> Recipe:
+        recipe = create_recipe(ctx)
+        kernel = np.zeros(recipe.model.passes[0].net.kernel.shape, np.float32)
+        kernel[-1] = weight
+        recipe.model.passes[0].net.kernel.assign(kernel)
+        return recipe
+
+    return build
+
+
+@keras.saving.register_keras_serializable(package="stability_tests")
+class PlantedLog(keras.layers.Layer):
+    """Adds log(0) = -inf to its input: a planted non-finite value in a head layer."""
+
+    def call(self, x):
+        return x + tf.math.log(tf.zeros_like(x))
+
+
+class PlantedHeadModel(keras.Model):
+    """A plain model over the GraphBatch inputs, with no ``forward`` method."""
+
+    def __init__(self, num_features, hidden):
+        super().__init__()
+        self.embed = keras.layers.Dense(hidden, name="embed")
+        self.head = keras.layers.Dense(2, name="head")
+        self.planted = PlantedLog(name="planted_log")
+
+    def call(self, inputs):
+        nodes = self.embed(inputs["nodes"])
+        pooled = tf.math.unsorted_segment_sum(nodes, inputs["node_graph"], inputs["num_graphs"])
+        return self.planted(self.head(pooled))
+
+
+def planted_head(ctx: BuildContext) -> Recipe:
+    model = PlantedHeadModel(ctx.num_features, ctx.hidden)
+    model.embed.build((None, ctx.num_features))
+    model.head.build((None, ctx.hidden))
+    return Recipe(model, keras.optimizers.Adam(ctx.learning_rate))
+
+
+def test_overflow_in_the_attention_softmax_is_named_exp(tiny_dataset):
+    result = run(attention_weight_on_e(60.0), tiny_dataset)  # logits up to 240 > 88.72
+    assert result.first_nan_where == "forward"
+    assert result.first_nan_layer == "message_passing_0"
+    assert result.first_nan_op == "Exp (softmax_exp)"
+
+
+def test_underflow_of_a_whole_segment_is_named_the_division(tiny_dataset):
+    """Every logit below -87.3: exp flushes to 0 on this CPU and the softmax divides 0/0."""
+    result = run(attention_weight_on_e(-200.0), tiny_dataset)  # logits <= -100
+    assert result.first_nan_where == "forward"
+    assert result.first_nan_layer == "message_passing_0"
+    assert result.first_nan_op == "RealDiv (softmax_div)"
+
+
+def test_planted_log_zero_in_a_head_layer_is_named_that_layer(tiny_dataset):
+    result = run(planted_head, tiny_dataset)
+    assert (result.first_nan_where, result.first_nan_layer) == ("forward", "planted_log")
+    assert result.first_nan_op.startswith("Log ")
+
+
+def test_overflow_in_the_loss_is_named_loss(tiny_dataset):
+    result = run(overflowing_loss, tiny_dataset)
+    assert result.first_nan_where == "loss"
+    assert result.first_nan_layer is None
+    assert result.first_nan_op.startswith("Exp ")
+
+
+def test_nan_first_in_a_gradient_is_named_gradient(tiny_dataset):
+    result = run(nan_gradient, tiny_dataset)
+    assert result.first_nan_where == "gradient"
+    assert result.first_nan_op is not None
+
+
+def test_unguarded_run_still_localizes_and_goes_on(tiny_dataset):
+    result = run(attention_weight_on_e(60.0), tiny_dataset, stop_at_nan=False)
+    assert result.first_nan_op == "Exp (softmax_exp)"
+    assert len(result.history) == CONFIG.epochs, "stop_at_nan=False must train on"
+
+
+@pytest.mark.parametrize(
+    ("node", "expected"),
+    [
+        pytest.param("message_passing_0_1/softmax_exp", ("forward", "message_passing_0"), id="fw"),
+        pytest.param("gradient_tape/head/MatMul", ("gradient", "head"), id="gradient"),
+        pytest.param("stability_loss/Exp", ("loss", None), id="loss"),
+        pytest.param("gradient_tape/stability_loss/Sqrt", ("gradient", None), id="loss-grad"),
+    ],
+)
+def test_site_from_error_reads_scopes(node, expected):
+    message = f'Detected at node {node}/CheckNumericsV2\n... of graph op "Exp" ...'
+    site = site_from_error(message, {"message_passing_0", "head", "net"})
+    assert (site.where, site.layer) == expected
