@@ -1,0 +1,92 @@
+"""The cost of the NaN sentinel per healthy step, against a plain loop and check_numerics."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from conftest import NOTES, record
+
+from stability.datasets import load_dataset
+from stability.graphs import batch_graphs
+from stability.trainer import (
+    TrainConfig,
+    Trainer,
+    forward,
+    input_signature,
+    make_train_step,
+)
+from stability.variants import get_variant
+
+SECTION = "Sentinel overhead per healthy step"
+NOTES[SECTION] = (
+    "The seed's model (`raw_e`, hidden 32) on 10 batches of 32 graphs of the seed case's data "
+    "set, healthy steps only; a round is the 10 steps, each followed by a read of its output "
+    "as a training loop does. *plain*: a `tf.function` step with forward, loss, gradients and "
+    "Adam, nothing else. *sentinel*: the harness's step (the plain step plus the fused "
+    "finiteness check of forward tensors, loss, gradients and weights, the guard around the "
+    "update, and the per-step statistics). *check_numerics*: the plain step traced after "
+    "`tf.debugging.enable_check_numerics()`. Goal: sentinel / plain <= 1.05."
+)
+STEPS = 10
+
+
+@pytest.fixture(scope="module")
+def setup():
+    data = load_dataset("synthetic", num_graphs=400, seed=0)
+    trainer = Trainer(get_variant("raw_e"), data, TrainConfig(hidden=32))
+    recipe = trainer.build()
+    rng = np.random.default_rng(0)
+    batches = []
+    for _ in range(STEPS):
+        chosen = rng.choice(len(data.train), 32, replace=False)
+        batch = batch_graphs([data.train[i] for i in chosen])
+        batches.append(
+            ({k: tf.constant(v) for k, v in batch.as_inputs().items()}, tf.constant(batch.targets))
+        )
+    return recipe, input_signature(data.num_features, "float32"), batches
+
+
+def plain_step(recipe, signature):
+    model, optimizer = recipe.model, recipe.optimizer
+
+    @tf.function(input_signature=signature)
+    def step(inputs, targets):
+        with tf.GradientTape() as tape:
+            loss = recipe.loss(targets, forward(model, inputs)["predictions"])
+        gradients = tape.gradient(loss, model.trainable_variables)
+        optimizer.apply(gradients, model.trainable_variables)
+        return loss
+
+    return step
+
+
+def run_epoch(step, batches):
+    for inputs, targets in batches:
+        tf.nest.map_structure(lambda t: t.numpy(), step(inputs, targets))
+
+
+def bench(benchmark, step, batches, way):
+    run_epoch(step, batches)  # trace outside the timed rounds
+    benchmark.pedantic(run_epoch, args=(step, batches), rounds=30, warmup_rounds=2)
+    record(SECTION, way, benchmark, STEPS)
+
+
+@pytest.mark.benchmark(group="sentinel")
+def test_plain(benchmark, setup):
+    recipe, signature, batches = setup
+    bench(benchmark, plain_step(recipe, signature), batches, "plain")
+
+
+@pytest.mark.benchmark(group="sentinel")
+def test_sentinel(benchmark, setup):
+    recipe, signature, batches = setup
+    bench(benchmark, make_train_step(recipe, signature, guard=True), batches, "sentinel")
+
+
+@pytest.mark.benchmark(group="sentinel")
+def test_check_numerics(benchmark, setup):
+    recipe, signature, batches = setup
+    tf.debugging.enable_check_numerics()
+    try:
+        bench(benchmark, plain_step(recipe, signature), batches, "check_numerics")
+    finally:
+        tf.debugging.disable_check_numerics()
