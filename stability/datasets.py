@@ -197,3 +197,7 @@ def _spaced_points(
     raise StabilityError(
         f"cannot place {num_nodes} points {min_distance} apart in a box of side {box}"
     )
+
+
+# Registers the molecular data sets (``g2``); at the end, since it imports this module.
+from stability import molecules  # noqa: E402, F401
