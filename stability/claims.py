@@ -1,0 +1,401 @@
+"""The seed's claims C1-C11, judged from result rows by written rules.
+
+Nothing here knows an expected answer: each verdict is computed from the rows of the claim
+cases (``cases/seed.toml``, ``cases/batch_size.toml``, ``cases/learning_rate.toml``) by the
+rules in ``Rules``, and comes with the numbers it was computed from.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+#: float32 limits of ``exp``, for the explanations (see stability.softmax).
+EXP_OVERFLOW = 88.72
+
+REPRODUCED, NOT_REPRODUCED, NOT_RUN = "reproduced", "not reproduced", "not run"
+
+
+@dataclass(frozen=True)
+class Rules:
+    """The verdict rules; their text is printed at the top of the claims report."""
+
+    avoid_budget_factor: float = 3.0
+    delay_factor: float = 1.5
+    worse_mae_margin: float = 0.10
+
+    def text(self) -> str:
+        return (
+            f"- **hits a NaN**: every run (seed) of the setting hits a NaN within its budget.\n"
+            f"- **avoids**: no run hits a NaN, and the budget is at least "
+            f"{self.avoid_budget_factor:g} times `raw_e`'s median first-NaN epoch in the same "
+            f"case; with a shorter budget the claim is *not run*.\n"
+            f"- **does not avoid**: at least one run hits a NaN within the budget.\n"
+            f"- **delays**: the median first-NaN epoch is at least {self.delay_factor:g} times "
+            f"the reference's. A run without a NaN counts as later than its budget; if that "
+            f"leaves the median undecided (budget too short) the claim is *not run*. The same "
+            f"test is made per optimizer step (a larger batch means fewer steps per epoch), and "
+            f"both are reported; the verdict follows the epoch count, the seed's unit.\n"
+            f"- **worse MAE**: the median final MAE is at least "
+            f"{self.worse_mae_margin:.0%} higher than that of the best variant that avoids "
+            f"the NaN (lowest median final MAE among the avoiders)."
+        )
+
+
+@dataclass(frozen=True)
+class Stats:
+    """A setting's runs (one variant at one batch size and learning rate)."""
+
+    runs: int
+    nans: int
+    epochs: np.ndarray  # first-NaN epoch per run, inf for runs that stayed finite
+    steps: np.ndarray  # first-NaN step per run, inf likewise
+    budget_epochs: int
+    budget_steps: int
+    final_mae: float  # median over the runs that stayed finite, NaN if none
+    max_logit: float  # median of the runs' max |attention logit|
+    wheres: tuple[str, ...]
+    ops: tuple[str, ...]
+
+    @property
+    def median_epoch(self) -> float:
+        return float(np.median(self.epochs)) if self.runs else math.nan
+
+    @property
+    def median_step(self) -> float:
+        return float(np.median(self.steps)) if self.runs else math.nan
+
+    def describe(self) -> str:
+        nan = f"NaN in {self.nans}/{self.runs}"
+        if self.nans:
+            hit = self.epochs[np.isfinite(self.epochs)]
+            nan += f", first at epoch {_g(np.median(hit))} [{_g(hit.min())}-{_g(hit.max())}]"
+        return (
+            f"{nan} (budget {self.budget_epochs} epochs); max abs logit {self.max_logit:.1f}; "
+            f"final MAE {_g(self.final_mae)}"
+        )
+
+
+def setting_stats(
+    frame: pd.DataFrame,
+    variant: str,
+    steps_per_epoch: int,
+    batch_size: int | None = None,
+    learning_rate: float | None = None,
+) -> Stats | None:
+    """The ``Stats`` of ``variant``'s rows (at ``batch_size``/``learning_rate`` if given)."""
+    rows = frame[frame["variant"] == variant]
+    if batch_size is not None:
+        rows = rows[rows["batch_size"] == batch_size]
+    if learning_rate is not None:
+        rows = rows[np.isclose(rows["learning_rate"], learning_rate)]
+    # An allowed bad input (first_nan_where == "input") is never a training NaN.
+    training_nan = rows["first_nan_epoch"].notna() & (rows["first_nan_where"] != "input")
+    if rows.empty:
+        return None
+    budget = int(rows["epochs"].max())
+    finite_mae = rows.loc[~training_nan, "final_mae"].dropna()
+    return Stats(
+        runs=len(rows),
+        nans=int(training_nan.sum()),
+        epochs=np.where(training_nan, rows["first_nan_epoch"], np.inf).astype(float),
+        steps=np.where(training_nan, rows["first_nan_step"], np.inf).astype(float),
+        budget_epochs=budget,
+        budget_steps=budget * steps_per_epoch,
+        final_mae=float(finite_mae.median()) if len(finite_mae) else math.nan,
+        max_logit=float(rows["max_abs_logit"].median()),
+        wheres=tuple(sorted(set(rows.loc[training_nan, "first_nan_where"].dropna()))),
+        ops=tuple(sorted(set(rows.loc[training_nan, "first_nan_op"].dropna()))),
+    )
+
+
+def hits(stats: Stats) -> bool:
+    return stats.nans == stats.runs
+
+
+def avoids(stats: Stats, reference: Stats, rules: Rules) -> bool | None:
+    """True/False, or None when the budget is too short (or the reference never failed)."""
+    if stats.nans:
+        return False
+    if (
+        not reference.nans
+        or stats.budget_epochs < rules.avoid_budget_factor * reference.median_epoch
+    ):
+        return None
+    return True
+
+
+def delays(stats: Stats, reference: Stats, rules: Rules, unit: str = "epoch") -> bool | None:
+    """Is the first NaN at least ``delay_factor`` times as late as the reference's?"""
+    values, base, budget = (
+        (stats.epochs, reference.median_epoch, stats.budget_epochs)
+        if unit == "epoch"
+        else (stats.steps, reference.median_step, stats.budget_steps)
+    )
+    if not math.isfinite(base):
+        return None
+    median = float(np.median(values))
+    if math.isinf(median):  # most runs outlived the budget: later than the budget
+        return True if budget >= rules.delay_factor * base else None
+    return median >= rules.delay_factor * base
+
+
+def worse_mae(stats: Stats, best: float, rules: Rules) -> bool | None:
+    if not (math.isfinite(stats.final_mae) and math.isfinite(best)):
+        return None
+    return stats.final_mae >= (1.0 + rules.worse_mae_margin) * best
+
+
+def _g(value: float) -> str:
+    return "-" if value is None or not math.isfinite(value) else f"{value:.4g}"
+
+
+@dataclass(frozen=True)
+class Verdict:
+    id: str
+    claim: str
+    verdict: str
+    numbers: str
+    why: str
+    report: str
+
+
+#: id -> the seed's words.
+CLAIMS = {
+    "C1": '"the training loss suddenly jumps to NaN after about 30 epochs with a batch size of 32"',
+    "C2": '"If the batch size is 128, still the gradients explode after about 200 epochs"; '
+    '"Tried larger batch sizes (till 256, although delayed gradient explosion happens at some '
+    'point)"',
+    "C3": "\"If I didn't concatenate neighbors_mean with e [...] there would be no gradient "
+    'explosion."',
+    "C4": '"I can avoid gradient explosion by sending e through a sigmoid function [...] But this '
+    'degrades the performance (final MAE)"',
+    "C5": '"Note that Rectified Linear Unit (ReLU) instead of sigmoid didn\'t work."',
+    "C6": '"Applied gradient clipping - with Adam(lr, clipnorm=1, clipvalue=5) and also with '
+    'tf.clip_by_global_norm(gradients, 1.0)" (it did not help)',
+    "C7": "\"tried limiting 'sigma' with sigma = tf.clip_by_value(sigma,-4,1.0) but the gradients "
+    'still explode"',
+    "C8": '"Tried with reduced learning rate" (it delayed, did not avoid, the NaN)',
+    "C9": '"I applied kernel constraints [...] This resolved the problem without degrading the '
+    'performance."',
+    "C10": '"Alternatively, one could use the numerically stable implementation of the softmax '
+    'function."',
+    "C11": '"softmax calculates an exponential [...] This was producing inf values and eventually '
+    'everything becoming nan [...] this is technically not a gradient exploding problem"',
+}
+
+
+@dataclass(frozen=True)
+class ClaimInputs:
+    """The claim cases' rows (None where a case was not run) and their steps per epoch."""
+
+    seed: pd.DataFrame | None
+    batch_size: pd.DataFrame | None
+    learning_rate: pd.DataFrame | None
+    train_graphs: int
+    seed_batch_size: int = 32
+    seed_learning_rate: float = 1e-2
+
+    def steps_per_epoch(self, batch_size: int) -> int:
+        return math.ceil(self.train_graphs / batch_size)
+
+
+def judge(inputs: ClaimInputs, rules: Rules | None = None) -> list[Verdict]:
+    """One ``Verdict`` per claim, C1 to C11."""
+    rules = rules or Rules()
+    verdicts = _seed_claims(inputs, rules)
+    verdicts.insert(1, _batch_claim(inputs, rules))
+    verdicts.insert(7, _learning_rate_claim(inputs, rules))
+    return verdicts
+
+
+def _seed_stats(inputs: ClaimInputs, variant: str) -> Stats | None:
+    if inputs.seed is None:
+        return None
+    return setting_stats(
+        inputs.seed,
+        variant,
+        inputs.steps_per_epoch(inputs.seed_batch_size),
+        inputs.seed_batch_size,
+        inputs.seed_learning_rate,
+    )
+
+
+def _not_run(claim: str, report: str, why: str) -> Verdict:
+    return Verdict(claim, CLAIMS[claim], NOT_RUN, "-", why, report)
+
+
+def _seed_claims(inputs: ClaimInputs, rules: Rules) -> list[Verdict]:
+    report = "[seed](seed.md)"
+    raw = _seed_stats(inputs, "raw_e")
+    if raw is None:
+        return [
+            _not_run(c, report, "cases/seed.toml has no raw_e rows")
+            for c in ("C1", "C3", "C4", "C5", "C6", "C7", "C9", "C10", "C11")
+        ]
+    stats = {v: _seed_stats(inputs, v) for v in inputs.seed["variant"].unique()}
+    avoiders = {v: s for v, s in stats.items() if s and avoids(s, raw, rules)}
+    best = min(avoiders.items(), key=lambda kv: _nan_last(kv[1].final_mae), default=(None, None))
+    out = [_verdict("C1", hits(raw), raw.describe(), _hit_why("raw_e", raw), report)]
+    out.append(_avoid_claim("C3", "no_e", stats, raw, rules, report))
+    out.append(_mae_claim("C4", "sigmoid_e", stats, raw, best, rules, report, worse=True))
+    for claim, variant in (("C5", "relu_e"), ("C6", "grad_clip"), ("C7", "sigma_clip")):
+        out.append(_fail_claim(claim, variant, stats, raw, report))
+    out.append(_mae_claim("C9", "weight_constrained", stats, raw, best, rules, report, worse=False))
+    out.append(_avoid_claim("C10", "stable_softmax", stats, raw, rules, report))
+    out.append(_exp_claim(raw, report))
+    return out
+
+
+def _nan_last(value: float) -> float:
+    return value if math.isfinite(value) else math.inf
+
+
+def _verdict(claim: str, holds: bool | None, numbers: str, why: str, report: str) -> Verdict:
+    verdict = NOT_RUN if holds is None else (REPRODUCED if holds else NOT_REPRODUCED)
+    return Verdict(claim, CLAIMS[claim], verdict, numbers, why, report)
+
+
+def _hit_why(variant: str, stats: Stats) -> str:
+    if hits(stats):
+        return ""
+    return (
+        f"{stats.runs - stats.nans} of {stats.runs} {variant} runs stayed finite for "
+        f"{stats.budget_epochs} epochs; their max abs attention logit was {stats.max_logit:.1f}."
+    )
+
+
+def _avoid_claim(claim, variant, stats, raw, rules, report) -> Verdict:
+    s = stats.get(variant)
+    if s is None:
+        return _not_run(claim, report, f"no {variant} rows")
+    holds = avoids(s, raw, rules)
+    why = ""
+    if holds is False:
+        why = (
+            f"{variant} hit a NaN in {s.nans}/{s.runs} runs; its max abs logit reached "
+            f"{s.max_logit:.1f}."
+        )
+    elif holds is None:
+        why = (
+            f"The budget of {s.budget_epochs} epochs is under {rules.avoid_budget_factor:g} x "
+            f"raw_e's median first-NaN epoch ({_g(raw.median_epoch)})."
+        )
+    return _verdict(claim, holds, s.describe(), why, report)
+
+
+def _fail_claim(claim, variant, stats, raw, report) -> Verdict:
+    s = stats.get(variant)
+    if s is None:
+        return _not_run(claim, report, f"no {variant} rows")
+    holds = s.nans > 0
+    why = (
+        ""
+        if holds
+        else (
+            f"{variant} stayed finite in all {s.runs} runs for {s.budget_epochs} epochs "
+            f"(raw_e: first NaN at epoch {_g(raw.median_epoch)}); max abs logit {s.max_logit:.1f}."
+        )
+    )
+    return _verdict(claim, holds, s.describe(), why, report)
+
+
+def _mae_claim(claim, variant, stats, raw, best, rules, report, worse: bool) -> Verdict:
+    s = stats.get(variant)
+    if s is None:
+        return _not_run(claim, report, f"no {variant} rows")
+    best_name, best_stats = best
+    avoid = avoids(s, raw, rules)
+    cost = worse_mae(s, best_stats.final_mae, rules) if best_stats else None
+    numbers = s.describe()
+    if best_stats is not None:
+        ratio = s.final_mae / best_stats.final_mae if best_stats.final_mae else math.nan
+        numbers += (
+            f"; best avoider {best_name}: final MAE {_g(best_stats.final_mae)} (x{ratio:.2f})"
+        )
+    if avoid is None or cost is None:
+        return _verdict(claim, None, numbers, "The avoid or MAE test could not be made.", report)
+    holds = avoid and (cost if worse else not cost)
+    why = ""
+    if not avoid:
+        why = f"{variant} hit a NaN in {s.nans}/{s.runs} runs (max abs logit {s.max_logit:.1f})."
+    elif cost != worse:
+        change = s.final_mae / best_stats.final_mae - 1.0
+        why = (
+            f"{variant}'s median final MAE is {change:+.0%} against {best_name}'s "
+            f"({_g(s.final_mae)} vs {_g(best_stats.final_mae)})."
+        )
+    return _verdict(claim, holds, numbers, why, report)
+
+
+def _exp_claim(raw: Stats, report: str) -> Verdict:
+    if not raw.nans:
+        return _verdict("C11", None, raw.describe(), "raw_e never hit a NaN.", report)
+    numbers = f"where: {', '.join(raw.wheres)}; op: {', '.join(raw.ops) or '-'}"
+    forward_exp = raw.wheres == ("forward",) and all("softmax_exp" in op for op in raw.ops)
+    forward_exp = forward_exp and bool(raw.ops)
+    why = ""
+    if not forward_exp:
+        why = (
+            f"The first non-finite values came from {numbers}; raw_e's max abs logit was "
+            f"{raw.max_logit:.1f}, {'above' if raw.max_logit > EXP_OVERFLOW else 'below'} "
+            f"exp's float32 overflow at {EXP_OVERFLOW}."
+        )
+    return _verdict("C11", forward_exp, numbers, why, report)
+
+
+def _batch_claim(inputs: ClaimInputs, rules: Rules) -> Verdict:
+    report = "[batch_size](batch_size.md)"
+    frame = inputs.batch_size
+    if frame is None:
+        return _not_run("C2", report, "cases/batch_size.toml was not run")
+    sizes = sorted(frame["batch_size"].unique())
+    base = setting_stats(frame, "raw_e", inputs.steps_per_epoch(sizes[0]), sizes[0])
+    parts, per_epoch, per_step = [f"batch {sizes[0]}: {base.describe()}"], [], []
+    for size in sizes[1:]:
+        s = setting_stats(frame, "raw_e", inputs.steps_per_epoch(size), size)
+        per_epoch.append(delays(s, base, rules, "epoch"))
+        per_step.append(delays(s, base, rules, "step"))
+        parts.append(
+            f"batch {size}: {s.describe()}; median first-NaN step "
+            f"{_g(s.median_step)} vs {_g(base.median_step)}"
+        )
+    holds = None if None in per_epoch else all(per_epoch)
+    steps = "undecided" if None in per_step else ("yes" if all(per_step) else "no")
+    numbers = "; ".join(parts) + f". Delayed per epoch: {_yes(per_epoch)}; per step: {steps}."
+    why = (
+        ""
+        if holds
+        else "A larger batch did not delay the first NaN by the rule's factor in epochs."
+    )
+    return _verdict("C2", holds, numbers, why if holds is False else "", report)
+
+
+def _learning_rate_claim(inputs: ClaimInputs, rules: Rules) -> Verdict:
+    report = "[learning_rate](learning_rate.md)"
+    frame = inputs.learning_rate
+    if frame is None:
+        return _not_run("C8", report, "cases/learning_rate.toml was not run")
+    rates = sorted(frame["learning_rate"].unique(), reverse=True)
+    batch = int(frame["batch_size"].iloc[0])
+    spe = inputs.steps_per_epoch(batch)
+    base = setting_stats(frame, "raw_e", spe, learning_rate=rates[0])
+    parts, results = [f"lr {rates[0]:g}: {base.describe()}"], []
+    for rate in rates[1:]:
+        s = setting_stats(frame, "raw_e", spe, learning_rate=rate)
+        results.append(delays(s, base, rules, "epoch"))
+        parts.append(f"lr {rate:g}: {s.describe()}")
+    holds = None if None in results else all(results)
+    why = (
+        ""
+        if holds is not False
+        else "A lower learning rate did not delay the first NaN by the rule's factor."
+    )
+    return _verdict("C8", holds, "; ".join(parts), why, report)
+
+
+def _yes(values: list[bool | None]) -> str:
+    return "undecided" if None in values else ("yes" if all(values) else "no")
