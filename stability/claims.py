@@ -399,3 +399,59 @@ def _learning_rate_claim(inputs: ClaimInputs, rules: Rules) -> Verdict:
 
 def _yes(values: list[bool | None]) -> str:
     return "undecided" if None in values else ("yes" if all(values) else "no")
+
+
+def claims_markdown(verdicts: list[Verdict], rules: Rules, meaning: str) -> str:
+    """``reports/claims.md``: the rules, one row per claim, and what it means."""
+    table = pd.DataFrame(
+        [
+            {
+                "id": v.id,
+                "the seed says": v.claim,
+                "verdict": v.verdict,
+                "numbers": v.numbers,
+                "why not": v.why or "",
+                "report": v.report,
+            }
+            for v in verdicts
+        ]
+    )
+    counts = table["verdict"].value_counts()
+    summary = ", ".join(f"{counts.get(k, 0)} {k}" for k in (REPRODUCED, NOT_REPRODUCED, NOT_RUN))
+    parts = [
+        "# The seed's claims, checked",
+        "Every verdict below is computed from the rows of the claim cases' CSVs by these rules "
+        "(`stability/claims.py`); none is written by hand.",
+        "## Rules",
+        rules.text(),
+        f"## Verdicts ({summary})",
+        table.to_markdown(index=False),
+        "## What this means",
+        meaning,
+    ]
+    return "\n\n".join(parts) + "\n"
+
+
+def meaning(verdicts: list[Verdict], seed: pd.DataFrame | None) -> str:
+    """A paragraph for a reader with a NaN in their own GNN, built from the verdicts."""
+    by_id = {v.id: v for v in verdicts}
+    if seed is None:
+        return "The seed case was not run, so there is nothing to say yet."
+    finite = sorted(
+        v for v, rows in seed.groupby("variant") if rows["first_nan_epoch"].isna().all()
+    )
+    failed = sorted(
+        v for v, rows in seed.groupby("variant") if rows["first_nan_epoch"].notna().any()
+    )
+    c11 = by_id["C11"]
+    return (
+        f"On this task the variants that stayed finite in every run were {', '.join(finite)}; "
+        f"those that hit a NaN were {', '.join(failed)}. The first non-finite value came from "
+        f"{c11.numbers} (C11 {c11.verdict}). If your loss or weights turn NaN: find the first "
+        "op that goes non-finite before you tune the optimizer (`NanSentinel` or the trainer's "
+        "replay names it); a NaN that starts in the forward pass is not an exploding gradient, "
+        "so clipping the gradients or lowering the learning rate can at most delay it (see C6 "
+        "and C8). Bound what feeds `exp` instead: subtract the segment max in the softmax, or "
+        "scale the edge feature, and compare the final MAE of the fix, since some fixes here "
+        "cost accuracy (C4, C9)."
+    )
