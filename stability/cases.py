@@ -39,6 +39,9 @@ class Case:
     epochs: int = 100
     dtype: str = "float32"
     stop_at_nan: bool = True
+    #: Data with NaN/Inf is an error unless this is set; then each run records
+    #: ``first_nan_where = "input"`` without training (never counted as a training NaN).
+    allow_nonfinite_input: bool = False
     hidden: int = 32
     num_layers: int = 1
     dataset: str = "synthetic"
@@ -73,6 +76,7 @@ _TOP_LEVEL: dict[str, tuple[Callable[[Any], bool], str]] = {
     "epochs": (_positive_int, "an integer > 0"),
     "dtype": (lambda v: v in DTYPES, f"one of {', '.join(DTYPES)}"),
     "stop_at_nan": (lambda v: isinstance(v, bool), "true or false"),
+    "allow_nonfinite_input": (lambda v: isinstance(v, bool), "true or false"),
 }
 _MODEL: dict[str, tuple[Callable[[Any], bool], str]] = {
     "hidden": (_positive_int, "an integer > 0"),
