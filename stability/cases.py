@@ -56,9 +56,18 @@ def _nonnegative_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
+def _finite_number(value: Any) -> bool:
+    """An int or float that converts to a finite float (a 400-digit TOML integer does not)."""
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return False
+    try:
+        return math.isfinite(float(value))
+    except OverflowError:
+        return False
+
+
 def _positive_float(value: Any) -> bool:
-    number = isinstance(value, (int, float)) and not isinstance(value, bool)
-    return number and math.isfinite(value) and value > 0
+    return _finite_number(value) and value > 0
 
 
 def _list_of(check: Callable[[Any], bool]) -> Callable[[Any], bool]:
@@ -144,8 +153,9 @@ def _dataset(source: str, table: dict[str, Any]) -> tuple[str, dict[str, Any]]:
         kind = type(default)
         ok = isinstance(value, kind) and not (kind is int and isinstance(value, bool))
         if kind is float and isinstance(value, int) and not isinstance(value, bool):
-            ok, value = True, float(value)
-        if kind in (int, float) and ok and not math.isfinite(value):
+            ok = _finite_number(value)
+            value = float(value) if ok else value
+        if kind is float and ok and not _finite_number(value):
             ok = False
         _check_value(source, f"dataset.{key}", value, lambda v, ok=ok: ok, f"a {kind.__name__}")
         params[key] = value

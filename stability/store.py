@@ -111,7 +111,7 @@ class RunStore:
         rows = _read_rows(self.csv, RESULT_FIELDS)
         if rows and not resume:
             raise StabilityError(
-                f"{self.csv} already holds {len(rows)} runs; pass --resume to keep them and "
+                f"{self.csv} already holds {len(rows)} run(s); pass --resume to keep them and "
                 "run only the missing ones, or choose another --out"
             )
         if not rows:
