@@ -60,9 +60,14 @@ class Dataset:
             bad = nonfinite_field(graph)
             if bad is not None and self.nonfinite_input is None:
                 object.__setattr__(self, "nonfinite_input", (index, bad))
+        # A constant target or edge set would divide by zero when standardizing.
+        # (Statistics of data holding NaN or Inf are NaN; such data is never trained on.)
+        with np.errstate(invalid="ignore"):
+            self._set_statistics()
+
+    def _set_statistics(self) -> None:
         targets = np.array([g.target for g in self.train])
         edges = np.concatenate([g.edges.ravel() for g in self.train])
-        # A constant target or edge set would divide by zero when standardizing.
         object.__setattr__(self, "target_mean", float(targets.mean()))
         object.__setattr__(self, "target_std", float(targets.std()) or 1.0)
         object.__setattr__(self, "edge_mean", float(edges.mean()) if edges.size else 0.0)
