@@ -94,7 +94,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         where = f"{exc.filename}: " if exc.filename else ""
         return _bad_input(args, f"{where}{exc.strerror or exc}")
     except KeyboardInterrupt:
-        print("stability: interrupted; rows of finished runs are in the CSV", file=sys.stderr)
+        print(
+            "stability: interrupted; finished runs are in the CSV, --resume runs the rest",
+            file=sys.stderr,
+        )
         return 130
 
 

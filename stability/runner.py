@@ -51,7 +51,10 @@ def run_case(
     sweep keeps what it finished. With ``resume``, runs already in the CSV are skipped
     (and not returned)."""
     dataset = case_dataset(case)
-    store = RunStore(out_dir, case.name, resume) if out_dir is not None else None
+    store = None
+    if out_dir is not None:
+        settings = {"epochs": case.epochs, "dtype": case.dtype}
+        store = RunStore(out_dir, case.name, resume, settings)
     configs = [
         (variant, config)
         for variant, config in run_configs(case)

@@ -91,10 +91,17 @@ class RunStore:
     """The CSV and history CSV of one case in ``out_dir``, written run by run.
 
     Without ``resume``, a CSV that already holds rows is an error (nothing is silently
-    overwritten); with it, the runs already there are skipped (``done``).
+    overwritten); with it, the runs already there are skipped (``done``). ``settings``
+    (columns outside ``RUN_KEY``, such as epochs and dtype) must match the rows resumed.
     """
 
-    def __init__(self, out_dir: Path, case: str, resume: bool = False):
+    def __init__(
+        self,
+        out_dir: Path,
+        case: str,
+        resume: bool = False,
+        settings: dict[str, object] | None = None,
+    ):
         self.out_dir = Path(out_dir)
         self.csv = self.out_dir / f"{case}.csv"
         self.history = self.out_dir / f"{case}.history.csv"
@@ -105,6 +112,13 @@ class RunStore:
                 rows = self._open(resume)
         except OSError as exc:
             raise StabilityError(f"{self.out_dir}: cannot write results ({exc})") from None
+        for name, value in (settings or {}).items():
+            other = {row[name] for row in rows} - {_cell(value)}
+            if other:
+                raise StabilityError(
+                    f"{self.csv} holds runs with {name} = {sorted(other)[0]}, this case has "
+                    f"{name} = {value}; --resume cannot mix them, choose another --out"
+                )
         self.done: set[tuple[str, ...]] = {run_key(row) for row in rows}
 
     def _open(self, resume: bool) -> list[dict[str, str]]:

@@ -78,3 +78,12 @@ def test_stale_temp_files_are_removed_on_the_next_sweep(tmp_path):
     stale.write_text("half")
     RunStore(tmp_path, "tiny")
     assert not stale.exists()
+
+
+def test_resume_refuses_rows_of_other_settings(tmp_path):
+    RunStore(tmp_path, "tiny").add(result(0))
+    with pytest.raises(
+        StabilityError, match="holds runs with epochs = 2, this case has epochs = 5"
+    ):
+        RunStore(tmp_path, "tiny", resume=True, settings={"epochs": 5})
+    assert RunStore(tmp_path, "tiny", resume=True, settings={"epochs": 2, "dtype": "float32"})
