@@ -49,11 +49,17 @@ def _parser() -> argparse.ArgumentParser:
         metavar="NAMES",
         help="comma-separated variants to run instead of the case's list",
     )
-    run.add_argument(
+    existing = run.add_mutually_exclusive_group()
+    existing.add_argument(
         "--resume",
         action="store_true",
         help="keep the runs already in <case>.csv and run only the missing ones "
-        "(without it, a CSV that holds runs is an error)",
+        "(without --resume or --overwrite, a CSV that holds runs is an error)",
+    )
+    existing.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="discard the runs already in <case>.csv and <case>.history.csv",
     )
     run.add_argument("--no-progress", action="store_true", help="no progress bars")
 
@@ -143,7 +149,13 @@ def _run(args: argparse.Namespace) -> int:
         cases = [replace(case, variants=names) for case in cases]
     _check_writable(args.out)
     for case in cases:
-        run_case(case, args.out, progress=not args.no_progress, resume=args.resume)
+        run_case(
+            case,
+            args.out,
+            progress=not args.no_progress,
+            resume=args.resume,
+            overwrite=args.overwrite,
+        )
         # The markdown follows the whole CSV: resumed runs and other processes' runs too.
         with folder_lock(args.out):
             frame = read_results(args.out / f"{case.name}.csv")

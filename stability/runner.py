@@ -44,17 +44,21 @@ def case_dataset(case: Case) -> Dataset:
 
 
 def run_case(
-    case: Case, out_dir: Path | None = None, progress: bool = True, resume: bool = False
+    case: Case,
+    out_dir: Path | None = None,
+    progress: bool = True,
+    resume: bool = False,
+    overwrite: bool = False,
 ) -> list[RunResult]:
     """Train every run of ``case``; with ``out_dir``, append each run's rows to
     ``<case>.csv`` and ``<case>.history.csv`` durably as it finishes, so an interrupted
     sweep keeps what it finished. With ``resume``, runs already in the CSV are skipped
-    (and not returned)."""
+    (and not returned); with ``overwrite``, an existing CSV's rows are discarded."""
     dataset = case_dataset(case)
     store = None
     if out_dir is not None:
         settings = {"epochs": case.epochs, "dtype": case.dtype}
-        store = RunStore(out_dir, case.name, resume, settings)
+        store = RunStore(out_dir, case.name, resume, settings, overwrite)
     configs = [
         (variant, config)
         for variant, config in run_configs(case)

@@ -91,7 +91,8 @@ class RunStore:
     """The CSV and history CSV of one case in ``out_dir``, written run by run.
 
     Without ``resume``, a CSV that already holds rows is an error (nothing is silently
-    overwritten); with it, the runs already there are skipped (``done``). ``settings``
+    overwritten); with it, the runs already there are skipped (``done``); ``overwrite``
+    starts both files afresh, deliberately discarding their rows. ``settings``
     (columns outside ``RUN_KEY``, such as epochs and dtype) must match the rows resumed.
     """
 
@@ -101,6 +102,7 @@ class RunStore:
         case: str,
         resume: bool = False,
         settings: dict[str, object] | None = None,
+        overwrite: bool = False,
     ):
         self.out_dir = Path(out_dir)
         self.csv = self.out_dir / f"{case}.csv"
@@ -109,7 +111,7 @@ class RunStore:
             self.out_dir.mkdir(parents=True, exist_ok=True)
             with folder_lock(self.out_dir):
                 _remove_stale_temps(self.out_dir)
-                rows = self._open(resume)
+                rows = self._open(resume, overwrite)
         except OSError as exc:
             raise StabilityError(f"{self.out_dir}: cannot write results ({exc})") from None
         for name, value in (settings or {}).items():
@@ -121,12 +123,12 @@ class RunStore:
                 )
         self.done: set[tuple[str, ...]] = {run_key(row) for row in rows}
 
-    def _open(self, resume: bool) -> list[dict[str, str]]:
-        rows = _read_rows(self.csv, RESULT_FIELDS)
+    def _open(self, resume: bool, overwrite: bool) -> list[dict[str, str]]:
+        rows = [] if overwrite else _read_rows(self.csv, RESULT_FIELDS)
         if rows and not resume:
             raise StabilityError(
                 f"{self.csv} already holds {len(rows)} run(s); pass --resume to keep them and "
-                "run only the missing ones, or choose another --out"
+                "run only the missing ones, --overwrite to discard them, or another --out"
             )
         if not rows:
             for path, fields in ((self.csv, RESULT_FIELDS), (self.history, HISTORY_FIELDS)):

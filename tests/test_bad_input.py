@@ -291,7 +291,7 @@ def test_bad_input_gets_exactly_one_line_and_exit_2(tmp_path, capsys, files, arg
             HEADER + "\n" + "tiny,raw_e,0,d,16,0.01" + "," * 15 + "\n",
             [],
             "out/tiny.csv already holds 1 run(s); pass --resume to keep them and run only the "
-            "missing ones, or choose another --out",
+            "missing ones, --overwrite to discard them, or another --out",
             id="would-overwrite",
         ),
         pytest.param(
@@ -326,6 +326,10 @@ def test_an_existing_csv_is_never_overwritten(tmp_path, capsys, existing, flags,
             "python -m stability: error: unrecognized arguments: --bogus",
         ),
         (["sweep"], "python -m stability: error: argument COMMAND: invalid choice: 'sweep'"),
+        (
+            ["run", "c.toml", "--resume", "--overwrite"],
+            "python -m stability run: error: argument --overwrite: not allowed with argument",
+        ),
     ],
 )
 def test_bad_flags_get_argparse_usage_and_one_error_line(capsys, argv, error):

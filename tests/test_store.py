@@ -57,6 +57,9 @@ def test_without_resume_a_csv_with_runs_is_kept_and_refused(tmp_path):
     with pytest.raises(StabilityError, match=r"tiny.csv already holds 1 run\(s\); pass --resume"):
         RunStore(tmp_path, "tiny")
     assert (tmp_path / "tiny.csv").read_text() == before
+    assert RunStore(tmp_path, "tiny", overwrite=True).done == set()
+    assert rows(tmp_path / "tiny.csv") == []
+    RunStore(tmp_path, "tiny").add(result(0))
     assert RunStore(tmp_path, "tiny", resume=True).done == {
         ("tiny", "raw_e", "0", "d", "16", "0.01")
     }
