@@ -39,6 +39,9 @@ class Case:
     epochs: int = 100
     dtype: str = "float32"
     stop_at_nan: bool = True
+    #: Data with NaN/Inf is an error unless this is set; then each run records
+    #: ``first_nan_where = "input"`` without training (never counted as a training NaN).
+    allow_nonfinite_input: bool = False
     hidden: int = 32
     num_layers: int = 1
     dataset: str = "synthetic"
@@ -53,9 +56,18 @@ def _nonnegative_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
+def _finite_number(value: Any) -> bool:
+    """An int or float that converts to a finite float (a 400-digit TOML integer does not)."""
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return False
+    try:
+        return math.isfinite(float(value))
+    except OverflowError:
+        return False
+
+
 def _positive_float(value: Any) -> bool:
-    number = isinstance(value, (int, float)) and not isinstance(value, bool)
-    return number and math.isfinite(value) and value > 0
+    return _finite_number(value) and value > 0
 
 
 def _list_of(check: Callable[[Any], bool]) -> Callable[[Any], bool]:
@@ -73,6 +85,7 @@ _TOP_LEVEL: dict[str, tuple[Callable[[Any], bool], str]] = {
     "epochs": (_positive_int, "an integer > 0"),
     "dtype": (lambda v: v in DTYPES, f"one of {', '.join(DTYPES)}"),
     "stop_at_nan": (lambda v: isinstance(v, bool), "true or false"),
+    "allow_nonfinite_input": (lambda v: isinstance(v, bool), "true or false"),
 }
 _MODEL: dict[str, tuple[Callable[[Any], bool], str]] = {
     "hidden": (_positive_int, "an integer > 0"),
@@ -140,8 +153,9 @@ def _dataset(source: str, table: dict[str, Any]) -> tuple[str, dict[str, Any]]:
         kind = type(default)
         ok = isinstance(value, kind) and not (kind is int and isinstance(value, bool))
         if kind is float and isinstance(value, int) and not isinstance(value, bool):
-            ok, value = True, float(value)
-        if kind in (int, float) and ok and not math.isfinite(value):
+            ok = _finite_number(value)
+            value = float(value) if ok else value
+        if kind is float and ok and not _finite_number(value):
             ok = False
         _check_value(source, f"dataset.{key}", value, lambda v, ok=ok: ok, f"a {kind.__name__}")
         params[key] = value

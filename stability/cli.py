@@ -1,7 +1,9 @@
 """``python -m stability run|list|report``: the command line.
 
-Bad input (a flag, a case file, a variant or plugin name) ends in one line on stderr and
-exit code 2; ``--debug`` shows the traceback instead.
+Bad input (a flag, a case file, data, a variant or plugin name, a file that cannot be read
+or written) ends in one line on stderr and exit code 2; ``--debug`` shows the traceback
+too. argparse's own errors (an unknown flag, a missing argument) are its standard two lines,
+usage and error, also with exit code 2.
 """
 
 from __future__ import annotations
@@ -47,6 +49,18 @@ def _parser() -> argparse.ArgumentParser:
         metavar="NAMES",
         help="comma-separated variants to run instead of the case's list",
     )
+    existing = run.add_mutually_exclusive_group()
+    existing.add_argument(
+        "--resume",
+        action="store_true",
+        help="keep the runs already in <case>.csv and run only the missing ones "
+        "(without --resume or --overwrite, a CSV that holds runs is an error)",
+    )
+    existing.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="discard the runs already in <case>.csv and <case>.history.csv",
+    )
     run.add_argument("--no-progress", action="store_true", help="no progress bars")
 
     lst = sub.add_parser("list", help="list the registered variants")
@@ -81,13 +95,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         _load_plugins(args.plugin)
         return {"run": _run, "list": _list, "report": _report}[args.command](args)
     except StabilityError as exc:
-        if args.debug:
-            traceback.print_exc()
-        print(f"stability: error: {exc}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+        return _bad_input(args, str(exc))
+    except OSError as exc:  # a file we could not read or write; not a bug in the harness
+        where = f"{exc.filename}: " if exc.filename else ""
+        return _bad_input(args, f"{where}{exc.strerror or exc}")
     except KeyboardInterrupt:
-        print("stability: interrupted; rows of finished runs are in the CSV", file=sys.stderr)
+        print(
+            "stability: interrupted; finished runs are in the CSV, --resume runs the rest",
+            file=sys.stderr,
+        )
         return 130
+
+
+def _bad_input(args: argparse.Namespace, message: str) -> int:
+    if args.debug:
+        traceback.print_exc()
+    one_line = " ".join(message.split())
+    print(f"stability: error: {one_line}", file=sys.stderr)
+    return EXIT_BAD_INPUT
 
 
 def _load_plugins(modules: Sequence[str]) -> None:
@@ -106,8 +131,9 @@ def _load_plugins(modules: Sequence[str]) -> None:
 
 def _run(args: argparse.Namespace) -> int:
     from stability.cases import load_case
-    from stability.report import results_frame, write_history, write_reports
+    from stability.report import read_results, write_reports
     from stability.runner import run_case
+    from stability.store import folder_lock
 
     cases = [load_case(path) for path in args.cases]  # all validated before any training
     if args.variants:
@@ -116,15 +142,24 @@ def _run(args: argparse.Namespace) -> int:
         from stability.variants import get_variant
 
         names = tuple(n.strip() for n in args.variants.split(",") if n.strip())
+        if not names:
+            raise StabilityError(f"--variants {args.variants!r}: name at least one variant")
         for name in names:
             get_variant(name)
         cases = [replace(case, variants=names) for case in cases]
     _check_writable(args.out)
     for case in cases:
-        results = run_case(case, args.out, progress=not args.no_progress)
-        frame = results_frame(results)
-        write_history(results, args.out / f"{case.name}.history.csv")
-        path = write_reports(frame, args.out, case.name, case.description)
+        run_case(
+            case,
+            args.out,
+            progress=not args.no_progress,
+            resume=args.resume,
+            overwrite=args.overwrite,
+        )
+        # The markdown follows the whole CSV: resumed runs and other processes' runs too.
+        with folder_lock(args.out):
+            frame = read_results(args.out / f"{case.name}.csv")
+            path = write_reports(frame, args.out, case.name, case.description)
         print(f"wrote {args.out / (case.name + '.csv')} and {path}")
     return 0
 

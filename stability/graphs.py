@@ -107,8 +107,12 @@ def batch_graphs(
     )
 
 
-def validate_graph(graph: Graph, index: int) -> None:
-    """Raise ``DataError`` naming graph ``index`` and the field if ``graph`` is malformed."""
+def validate_graph(graph: Graph, index: int, allow_nonfinite: bool = False) -> None:
+    """Raise ``DataError`` naming graph ``index`` and the field if ``graph`` is malformed.
+
+    With ``allow_nonfinite``, NaN and +-Inf values pass (``nonfinite_field`` finds them);
+    shapes, edge endpoints and negative distances are checked either way.
+    """
     where = f"graph {index}"
     if graph.nodes.ndim != 2:
         raise DataError(f"{where}: nodes must be [num_nodes, features], got {graph.nodes.shape}")
@@ -123,11 +127,28 @@ def validate_graph(graph: Graph, index: int) -> None:
                 f"{where}: {field} points at node {int(idx.max())} (or {int(idx.min())}), "
                 f"but the graph has {graph.num_nodes} nodes"
             )
+    field = nonfinite_field(graph)
+    if field is not None and not allow_nonfinite:
+        raise DataError(nonfinite_message(graph, index, field))
+    finite = graph.edges[np.isfinite(graph.edges)]
+    if (finite < 0).any():
+        raise DataError(f"{where}: edges hold negative distances (min {finite.min():g})")
+
+
+def nonfinite_message(graph: Graph, index: int, field: str) -> str:
+    """One line naming graph ``index`` and its non-finite ``field``."""
+    if field == "target":
+        return f"graph {index}: target {graph.target!r} is not finite"
+    what = "distances" if field == "edges" else "values"
+    return f"graph {index}: {field} hold non-finite {what}"
+
+
+def nonfinite_field(graph: Graph) -> str | None:
+    """The first of nodes, edges and target that holds NaN or +-Inf, or ``None``."""
     if not np.isfinite(graph.nodes).all():
-        raise DataError(f"{where}: nodes hold non-finite values")
+        return "nodes"
     if not np.isfinite(graph.edges).all():
-        raise DataError(f"{where}: edges hold non-finite distances")
-    if (graph.edges < 0).any():
-        raise DataError(f"{where}: edges hold negative distances (min {graph.edges.min():g})")
+        return "edges"
     if not np.isfinite(graph.target):
-        raise DataError(f"{where}: target {graph.target!r} is not finite")
+        return "target"
+    return None

@@ -14,6 +14,7 @@ import pandas as pd
 
 from stability.errors import NameNotFound, StabilityError
 from stability.results import HISTORY_FIELDS, RESULT_FIELDS, RunResult
+from stability.store import atomic_write_text, atomic_writer
 from stability.variants import get_variant
 
 
@@ -39,7 +40,8 @@ def read_results(path: str | Path) -> pd.DataFrame:
 
 def write_history(results: Sequence[RunResult], path: Path) -> None:
     rows = [row for r in results for row in r.history_rows()]
-    pd.DataFrame(rows, columns=list(HISTORY_FIELDS)).to_csv(path, index=False)
+    with atomic_writer(path) as handle:
+        pd.DataFrame(rows, columns=list(HISTORY_FIELDS)).to_csv(handle, index=False)
 
 
 def summary_table(frame: pd.DataFrame) -> pd.DataFrame:
@@ -48,7 +50,9 @@ def summary_table(frame: pd.DataFrame) -> pd.DataFrame:
     rows = []
     for (lr, batch_size, variant), group in frame.groupby(keys, sort=False):
         nan = group["first_nan_epoch"].dropna()
-        where = group["first_nan_where"].dropna()
+        # Only training NaNs: a run whose input held NaN (where = "input") never trained.
+        where = group.loc[group["first_nan_epoch"].notna(), "first_nan_where"].dropna()
+        bad_input = int((group["first_nan_where"] == "input").sum())
         rows.append(
             {
                 "variant": variant,
@@ -62,9 +66,12 @@ def summary_table(frame: pd.DataFrame) -> pd.DataFrame:
                 "best MAE, median": _median(group["best_mae"]),
                 "MAE before NaN, median": _median(group["mae_before_nan"]),
                 "max abs logit, median": _median(group["max_abs_logit"], digits=1),
+                "NaN in input": f"{bad_input}/{len(group)}",
             }
         )
     table = pd.DataFrame(rows)
+    if (frame["first_nan_where"] != "input").all():
+        table = table.drop(columns="NaN in input")
     # Settings that do not vary in the case are stated once above the table, not per row.
     for column in ("lr", "batch"):
         if table[column].nunique() == 1:
@@ -128,6 +135,8 @@ _READING_GUIDE = """\
 - **final MAE**: validation MAE in the target's own units after the last epoch, for runs that
   stayed finite. **MAE before NaN**: the same after the last whole epoch before the NaN.
 - **max abs logit**: the largest |attention logit| seen; `exp` overflows float32 above 88.72.
+- **NaN in input** (only when some run had it): runs whose data held NaN or Inf, allowed by
+  the case's `allow_nonfinite_input`; they were not trained and do not count under NaN in.
 """
 
 
@@ -153,5 +162,5 @@ def write_reports(frame: pd.DataFrame, out_dir: Path, case: str, description: st
     """Write ``<case>.md`` from ``frame`` into ``out_dir``; return its path."""
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / f"{case}.md"
-    path.write_text(markdown_report(frame, case, description), encoding="utf-8")
+    atomic_write_text(path, markdown_report(frame, case, description))
     return path

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import csv
 import itertools
 from collections.abc import Iterator
 from pathlib import Path
@@ -11,7 +10,8 @@ from tqdm.auto import tqdm
 
 from stability.cases import Case
 from stability.datasets import Dataset, load_dataset
-from stability.results import RESULT_FIELDS, RunResult
+from stability.results import RunResult
+from stability.store import RunStore, run_key
 from stability.trainer import TrainConfig, Trainer
 from stability.variants import get_variant
 
@@ -40,15 +40,30 @@ def run_configs(case: Case) -> Iterator[tuple[str, TrainConfig]]:
 def case_dataset(case: Case) -> Dataset:
     """The case's data set; every variant of the case trains on these same graphs."""
     params = {"seed": 0, **case.dataset_params}
-    return load_dataset(case.dataset, **params)
+    return load_dataset(case.dataset, allow_nonfinite=case.allow_nonfinite_input, **params)
 
 
-def run_case(case: Case, out_dir: Path | None = None, progress: bool = True) -> list[RunResult]:
-    """Train every run of ``case``; with ``out_dir``, append each row to ``<case>.csv`` as it
-    finishes, so an interrupted sweep keeps what it finished."""
+def run_case(
+    case: Case,
+    out_dir: Path | None = None,
+    progress: bool = True,
+    resume: bool = False,
+    overwrite: bool = False,
+) -> list[RunResult]:
+    """Train every run of ``case``; with ``out_dir``, append each run's rows to
+    ``<case>.csv`` and ``<case>.history.csv`` durably as it finishes, so an interrupted
+    sweep keeps what it finished. With ``resume``, runs already in the CSV are skipped
+    (and not returned); with ``overwrite``, an existing CSV's rows are discarded."""
     dataset = case_dataset(case)
-    configs = list(run_configs(case))
-    writer = _RowWriter(out_dir / f"{case.name}.csv") if out_dir is not None else None
+    store = None
+    if out_dir is not None:
+        settings = {"epochs": case.epochs, "dtype": case.dtype}
+        store = RunStore(out_dir, case.name, resume, settings, overwrite)
+    configs = [
+        (variant, config)
+        for variant, config in run_configs(case)
+        if store is None or _key(variant, config, dataset) not in store.done
+    ]
     results: list[RunResult] = []
     runs = tqdm(configs, desc=case.name, unit="run", disable=not progress, dynamic_ncols=True)
     for variant_name, config in runs:
@@ -75,27 +90,20 @@ def run_case(case: Case, out_dir: Path | None = None, progress: bool = True) -> 
             epochs.close()
         if progress:
             nan = f"NaN at epoch {result.first_nan_epoch}" if result.hit_nan else "finite"
+            if result.first_nan_where == "input":
+                nan = f"not trained, non-finite input ({result.first_nan_layer})"
             runs.write(f"{case.name}: {label}: {nan}, best MAE {_fmt(result.best_mae)}")
         results.append(result)
-        if writer is not None:
-            writer.append(result)
+        if store is not None:
+            store.add(result)
+    if store is not None:
+        store.finish()
     return results
+
+
+def _key(variant: str, config: TrainConfig, dataset: Dataset) -> tuple[str, ...]:
+    return run_key({**vars(config), "variant": variant, "dataset": dataset.key})
 
 
 def _fmt(value: float | None) -> str:
     return "-" if value is None else f"{value:.3f}"
-
-
-class _RowWriter:
-    """Writes the CSV header once, then one flushed row per finished run."""
-
-    def __init__(self, path: Path):
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self.path = path
-        with path.open("w", newline="", encoding="utf-8") as handle:
-            csv.DictWriter(handle, RESULT_FIELDS).writeheader()
-
-    def append(self, result: RunResult) -> None:
-        with self.path.open("a", newline="", encoding="utf-8") as handle:
-            csv.DictWriter(handle, RESULT_FIELDS).writerow(result.row())
-            handle.flush()

@@ -164,6 +164,8 @@ class Trainer:
 
     def run(self) -> RunResult:
         cfg, data = self.config, self.dataset
+        if data.nonfinite_input is not None:  # the user's NaN, not training's: do not train
+            return input_nan_result(self.variant.name, data, cfg)
         started = time.perf_counter()
         recipe = self.build()
         signature = input_signature(data.num_features, cfg.dtype)
@@ -270,6 +272,26 @@ def _total_loss(recipe: Recipe, targets: Any, predictions: tf.Tensor) -> tf.Tens
 
 def _as_tensors(inputs: dict[str, np.ndarray]) -> dict[str, tf.Tensor]:
     return {name: tf.convert_to_tensor(value) for name, value in inputs.items()}
+
+
+def input_nan_result(variant: str, data: Dataset, cfg: TrainConfig) -> RunResult:
+    """The row of a run whose data holds NaN or +-Inf: ``first_nan_where = "input"``, the
+    graph in ``first_nan_layer`` and the field in ``first_nan_op``; no epoch, no step."""
+    index, field = data.nonfinite_input
+    return RunResult(
+        case=cfg.case,
+        variant=variant,
+        seed=cfg.seed,
+        dataset=data.key,
+        batch_size=cfg.batch_size,
+        learning_rate=cfg.learning_rate,
+        epochs=cfg.epochs,
+        dtype=cfg.dtype,
+        first_nan_where="input",
+        first_nan_layer=f"graph {index}",
+        first_nan_op=field,
+        tf_version=tf.__version__,
+    )
 
 
 def _shuffled_batches(

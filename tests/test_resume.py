@@ -1,0 +1,100 @@
+"""Real processes: a sweep killed with SIGKILL and resumed, and two sweeps writing into one
+folder at once, end with the rows of one uninterrupted sweep (timing columns aside)."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from conftest import TINY_CASE
+
+from stability.cases import parse_case
+from stability.results import RESULT_FIELDS, TIMING_FIELDS
+from stability.runner import run_case
+from stability.store import LOCK_NAME
+
+ROOT = Path(__file__).parent.parent
+TWO_SEEDS = TINY_CASE.replace("seeds = [0]", "seeds = [0, 1]")  # 4 runs
+EXPECTED_FILES = sorted([LOCK_NAME, "tiny.csv", "tiny.history.csv", "tiny.md"])
+
+
+def start(case_file, out, *flags):
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.Popen(
+        [sys.executable, "-m", "stability", "run", str(case_file), "--out", str(out), *flags],
+        cwd=case_file.parent,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def finish(process):
+    stdout, stderr = process.communicate(timeout=300)
+    assert process.returncode == 0, stderr
+    return stdout
+
+
+def untimed(path):
+    frame = pd.read_csv(path)
+    return frame.drop(columns=[c for c in TIMING_FIELDS if c in frame.columns])
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """The uninterrupted sweep, in this process."""
+    out = tmp_path_factory.mktemp("reference")
+    run_case(parse_case(TWO_SEEDS, source="tiny"), out, progress=False)
+    return untimed(out / "tiny.csv"), pd.read_csv(out / "tiny.history.csv")
+
+
+def data_rows(path):
+    if not path.exists():
+        return 0
+    return max(0, len(path.read_text().splitlines()) - 1)
+
+
+def test_sweep_killed_partway_then_resumed_matches_an_uninterrupted_one(tmp_path, reference):
+    case_file = tmp_path / "tiny.toml"
+    case_file.write_text(TWO_SEEDS)
+    out = tmp_path / "out"
+    victim = start(case_file, out, "--no-progress")
+    deadline = time.monotonic() + 240
+    while data_rows(out / "tiny.csv") < 1 and victim.poll() is None:
+        assert time.monotonic() < deadline, "no row landed"
+        time.sleep(0.02)
+    victim.send_signal(signal.SIGKILL)
+    victim.communicate()
+    left = data_rows(out / "tiny.csv")
+    assert 1 <= left < 4, f"the kill must land partway, {left} of 4 rows were written"
+
+    finish(start(case_file, out, "--no-progress", "--resume"))
+    rows, history = reference
+    pd.testing.assert_frame_equal(untimed(out / "tiny.csv"), rows)
+    pd.testing.assert_frame_equal(pd.read_csv(out / "tiny.history.csv"), history)
+    assert sorted(p.name for p in out.iterdir()) == EXPECTED_FILES, "partial files left"
+    assert "| raw_e" in (out / "tiny.md").read_text()
+
+
+def test_two_sweeps_into_one_folder_at_once(tmp_path, reference):
+    out = tmp_path / "out"
+    processes = []
+    for seed in (0, 1):  # the same case split in two, written into the same files
+        case_file = tmp_path / f"part{seed}" / "tiny.toml"
+        case_file.parent.mkdir()
+        case_file.write_text(TINY_CASE.replace("seeds = [0]", f"seeds = [{seed}]"))
+        processes.append(start(case_file, out, "--no-progress", "--resume"))
+    for process in processes:
+        finish(process)
+    rows, history = reference
+    assert tuple(pd.read_csv(out / "tiny.csv").columns) == RESULT_FIELDS
+    pd.testing.assert_frame_equal(untimed(out / "tiny.csv"), rows)
+    pd.testing.assert_frame_equal(pd.read_csv(out / "tiny.history.csv"), history)
+    markdown = (out / "tiny.md").read_text()
+    assert "| seeds           | 0, 1" in markdown, "the markdown must cover both sweeps' rows"
+    assert sorted(p.name for p in out.iterdir()) == EXPECTED_FILES
