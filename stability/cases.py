@@ -46,6 +46,9 @@ class Case:
     num_layers: int = 1
     dataset: str = "synthetic"
     dataset_params: Mapping[str, Any] = field(default_factory=dict)
+    #: How many data sets to train every run on: data set k is built with seed
+    #: ``dataset.seed + k`` (one draw per seed for the ``generated`` data set).
+    num_datasets: int = 1
 
 
 def _positive_int(value: Any) -> bool:
@@ -86,6 +89,7 @@ _TOP_LEVEL: dict[str, tuple[Callable[[Any], bool], str]] = {
     "dtype": (lambda v: v in DTYPES, f"one of {', '.join(DTYPES)}"),
     "stop_at_nan": (lambda v: isinstance(v, bool), "true or false"),
     "allow_nonfinite_input": (lambda v: isinstance(v, bool), "true or false"),
+    "num_datasets": (_positive_int, "an integer > 0"),
 }
 _MODEL: dict[str, tuple[Callable[[Any], bool], str]] = {
     "hidden": (_positive_int, "an integer > 0"),

@@ -8,6 +8,7 @@ distance. That pressure is what grows the attention logits in the seed's story.
 
 from __future__ import annotations
 
+import ast
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -240,6 +241,71 @@ def _spaced_points(
     raise StabilityError(
         f"cannot place {num_nodes} points {min_distance} apart in a box of side {box}"
     )
+
+
+@register_dataset
+def generated(
+    *,
+    seed: int = 0,
+    num_graphs: int = 200,
+    min_nodes: int = 6,
+    max_nodes: int = 15,
+    min_edges: int = 0,
+    max_edges: int = 60,
+    self_loops: bool = False,
+    duplicate_edges: bool = False,
+    num_types: int = 4,
+    attend: str = "nearest",
+    distribution: str = "any",
+    min_distance: float = 0.5,
+    max_distance: float = 4.0,
+    max_outlier: float = 40.0,
+    val_fraction: float = 0.1,
+) -> Dataset:
+    """Graphs drawn by ``stability.strategies.graphs``, reproducibly from ``seed``.
+
+    ``distribution`` is one of ``stability.strategies.DISTRIBUTIONS`` or "any". The key
+    (the CSV ``dataset`` column) is a call with every argument; ``dataset_from_key`` rebuilds
+    the same graphs from it.
+    """
+    # Imported here: stability.strategies builds on this module's Dataset.
+    from stability.strategies import generated_dataset
+
+    args = dict(locals())
+    del args["generated_dataset"]
+    key = "generated(" + ",".join(f"{name}={value!r}" for name, value in args.items()) + ")"
+    return generated_dataset(
+        seed=seed,
+        num_graphs=num_graphs,
+        val_fraction=val_fraction,
+        key=key,
+        min_nodes=min_nodes,
+        max_nodes=max_nodes,
+        min_edges=min_edges,
+        max_edges=max_edges,
+        self_loops=self_loops,
+        duplicate_edges=duplicate_edges,
+        num_types=num_types,
+        attend=attend,
+        distribution=None if distribution == "any" else distribution,
+        min_distance=min_distance,
+        max_distance=max_distance,
+        max_outlier=max_outlier,
+    )
+
+
+def dataset_from_key(key: str) -> Dataset:
+    """Rebuild a data set from its key, for keys written as calls, like ``generated``'s."""
+    try:
+        call = ast.parse(key, mode="eval").body
+        if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Name)) or call.args:
+            raise ValueError("not a call with keyword arguments")
+        params = {kw.arg: ast.literal_eval(kw.value) for kw in call.keywords}
+    except (SyntaxError, ValueError) as exc:
+        raise StabilityError(
+            f"data set key {key!r} cannot be rebuilt ({exc}); expected name(arg=value, ...)"
+        ) from None
+    return load_dataset(call.func.id, **params)
 
 
 # Registers the molecular data sets (``g2``); at the end, since it imports this module.

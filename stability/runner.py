@@ -1,4 +1,5 @@
-"""A sweep: every (learning rate, batch size, variant, seed) of a case, on one shared data set."""
+"""A sweep: every (learning rate, batch size, variant, seed) of a case, on each of the case's
+data sets; every variant trains on the same data sets."""
 
 from __future__ import annotations
 
@@ -38,9 +39,22 @@ def run_configs(case: Case) -> Iterator[tuple[str, TrainConfig]]:
 
 
 def case_dataset(case: Case) -> Dataset:
-    """The case's data set; every variant of the case trains on these same graphs."""
+    """The case's first data set; every variant of the case trains on these same graphs."""
+    return case_datasets(case)[0]
+
+
+def case_datasets(case: Case) -> list[Dataset]:
+    """The case's ``num_datasets`` data sets, data set k built with seed ``dataset.seed + k``,
+    so the same case always gives the same data sets, shared by every variant."""
     params = {"seed": 0, **case.dataset_params}
-    return load_dataset(case.dataset, allow_nonfinite=case.allow_nonfinite_input, **params)
+    return [
+        load_dataset(
+            case.dataset,
+            allow_nonfinite=case.allow_nonfinite_input,
+            **{**params, "seed": params["seed"] + k},
+        )
+        for k in range(case.num_datasets)
+    ]
 
 
 def run_case(
@@ -54,22 +68,25 @@ def run_case(
     ``<case>.csv`` and ``<case>.history.csv`` durably as it finishes, so an interrupted
     sweep keeps what it finished. With ``resume``, runs already in the CSV are skipped
     (and not returned); with ``overwrite``, an existing CSV's rows are discarded."""
-    dataset = case_dataset(case)
+    datasets = case_datasets(case)
     store = None
     if out_dir is not None:
         settings = {"epochs": case.epochs, "dtype": case.dtype}
         store = RunStore(out_dir, case.name, resume, settings, overwrite)
     configs = [
-        (variant, config)
+        (dataset, variant, config)
+        for dataset in datasets
         for variant, config in run_configs(case)
         if store is None or _key(variant, config, dataset) not in store.done
     ]
     results: list[RunResult] = []
     runs = tqdm(configs, desc=case.name, unit="run", disable=not progress, dynamic_ncols=True)
-    for variant_name, config in runs:
+    for dataset, variant_name, config in runs:
         label = (
             f"{variant_name} seed={config.seed} bs={config.batch_size} lr={config.learning_rate:g}"
         )
+        if len(datasets) > 1:
+            label += f" data={datasets.index(dataset)}"
         runs.set_postfix_str(label)
         epochs = tqdm(
             total=config.epochs,

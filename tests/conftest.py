@@ -3,8 +3,31 @@ import os
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 from stability.datasets import Dataset, load_dataset
+
+# Hypothesis profiles, chosen with STABILITY_HYPOTHESIS_PROFILE (default "ci"). "ci" is
+# derandomized, so every run tries the same examples, and bounded so the default test run
+# stays within its time budget; "thorough" is for a long local run. Training tests set
+# their own smaller max_examples on top of either.
+settings.register_profile(
+    "ci",
+    max_examples=200,
+    derandomize=True,
+    database=None,
+    deadline=None,
+    print_blob=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+settings.register_profile(
+    "thorough",
+    max_examples=5000,
+    deadline=None,
+    print_blob=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+settings.load_profile(os.environ.get("STABILITY_HYPOTHESIS_PROFILE", "ci"))
 
 #: A small data set of the seed's kind: a few seconds of training at most.
 TINY_DATA = {"num_graphs": 48, "min_nodes": 3, "max_nodes": 7, "seed": 0}
