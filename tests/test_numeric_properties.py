@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
-from stability import BuildContext, get_variant, register_variant
+from stability import BuildContext, get_variant, register_variant, variants
 from stability.softmax import get_softmax
 from stability.strategies import graphs
 from stability.variants import create_recipe
@@ -175,9 +175,18 @@ def test_overflow_thresholds_are_the_documented_ones(dtype, printed):
 HIDDEN = 4  # the one-hot node types of the drawn graphs are the node states
 
 
-@register_variant(description="test only: stable_softmax with a naive softmax planted in it")
-def planted_naive_in_stable_softmax(ctx: BuildContext):
-    return create_recipe(ctx, softmax="naive")
+@pytest.fixture
+def planted_variant():
+    """A test-only variant, registered through the public decorator for this test alone: a
+    naive softmax planted where stable_softmax's stable one should be."""
+
+    @register_variant(description="test only: stable_softmax with a naive softmax planted in it")
+    def planted_naive_in_stable_softmax(ctx: BuildContext):
+        return create_recipe(ctx, softmax="naive")
+
+    yield "planted_naive_in_stable_softmax"
+    # There is no public unregister; other tests list the registry, so leave it as found.
+    variants._variants.pop("planted_naive_in_stable_softmax")
 
 
 def message_passing_layer(variant: str):
@@ -233,10 +242,10 @@ def test_stable_softmax_layer_is_finite_for_large_distances_and_weights():
     finite_layer_property(message_passing_layer("stable_softmax"))()
 
 
-def test_the_layer_property_catches_a_planted_naive_softmax():
+def test_the_layer_property_catches_a_planted_naive_softmax(planted_variant):
     """The naive softmax's gradient can go NaN before its output does (exp(a) / s**2 with
     s**2 beyond float32), so either message is the planted bug showing."""
-    layer = message_passing_layer("planted_naive_in_stable_softmax")
+    layer = message_passing_layer(planted_variant)
     with pytest.raises(AssertionError, match=r"output included NaNs|not finite") as failure:
         planted(finite_layer_property(layer))()
     notes = notes_of(failure.value)
