@@ -94,7 +94,8 @@ def markdown_report(frame: pd.DataFrame, case: str, description: str = "") -> st
                 "TensorFlow",
             ],
             "value": [
-                f"`{first['dataset']}`",
+                # A case with num_datasets > 1 trains on several; name each of them.
+                "<br>".join(f"`{key}`" for key in frame["dataset"].unique()),
                 str(int(first["epochs"])),
                 str(first["dtype"]),
                 ", ".join(str(s) for s in sorted(frame["seed"].unique())),
