@@ -1,4 +1,4 @@
-"""``python -m stability run|list|report``: the command line.
+"""``python -m stability run|list|report|compare``: the command line.
 
 Bad input (a flag, a case file, data, a variant or plugin name, a file that cannot be read
 or written) ends in one line on stderr and exit code 2; ``--debug`` shows the traceback
@@ -16,6 +16,7 @@ import traceback
 from collections.abc import Sequence
 from pathlib import Path
 
+from stability.compare import add_compare_parser, compare_command
 from stability.errors import StabilityError
 
 EXIT_BAD_INPUT = 2
@@ -86,6 +87,7 @@ def _parser() -> argparse.ArgumentParser:
         metavar="MODULE",
         help="import MODULE first, for the descriptions of your variants",
     )
+    add_compare_parser(sub)
     return parser
 
 
@@ -93,7 +95,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         _load_plugins(args.plugin)
-        return {"run": _run, "list": _list, "report": _report}[args.command](args)
+        commands = {"run": _run, "list": _list, "report": _report, "compare": compare_command}
+        return commands[args.command](args)
     except StabilityError as exc:
         return _bad_input(args, str(exc))
     except OSError as exc:  # a file we could not read or write; not a bug in the harness
@@ -131,7 +134,7 @@ def _load_plugins(modules: Sequence[str]) -> None:
 
 def _run(args: argparse.Namespace) -> int:
     from stability.cases import load_case
-    from stability.report import read_results, write_reports
+    from stability.report import read_history, read_results, write_reports
     from stability.runner import run_case
     from stability.store import folder_lock
 
@@ -159,7 +162,8 @@ def _run(args: argparse.Namespace) -> int:
         # The markdown follows the whole CSV: resumed runs and other processes' runs too.
         with folder_lock(args.out):
             frame = read_results(args.out / f"{case.name}.csv")
-            path = write_reports(frame, args.out, case.name, case.description)
+            history = read_history(args.out / f"{case.name}.history.csv")
+            path = write_reports(frame, args.out, case.name, case.description, history)
         print(f"wrote {args.out / (case.name + '.csv')} and {path}")
     return 0
 
@@ -184,9 +188,11 @@ def _list(args: argparse.Namespace) -> int:
 
 
 def _report(args: argparse.Namespace) -> int:
-    from stability.report import read_results, write_reports
+    from stability.report import read_history, read_results, write_reports
 
     frame = read_results(args.csv)
+    # The history beside the CSV (<case>.history.csv) brings the risk lines and the plots.
+    history = read_history(args.csv.with_name(args.csv.name.removesuffix(".csv") + ".history.csv"))
     if frame.empty:
         raise StabilityError(f"{args.csv}: has no result rows")
     case = str(frame["case"].iloc[0])
@@ -195,6 +201,6 @@ def _report(args: argparse.Namespace) -> int:
         from stability.cases import load_case
 
         description = load_case(args.case).description
-    path = write_reports(frame, args.out or args.csv.parent, case, description)
+    path = write_reports(frame, args.out or args.csv.parent, case, description, history)
     print(f"wrote {path}")
     return 0

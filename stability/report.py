@@ -13,9 +13,11 @@ import numpy as np
 import pandas as pd
 
 from stability.errors import NameNotFound, StabilityError
+from stability.limits import exp_limits
+from stability.plots import write_plots
 from stability.results import HISTORY_FIELDS, RESULT_FIELDS, RunResult
+from stability.risk import TREND_FRACTION, risk_table
 from stability.store import atomic_write_text, atomic_writer
-from stability.variants import get_variant
 
 
 def results_frame(results: Sequence[RunResult]) -> pd.DataFrame:
@@ -38,15 +40,36 @@ def read_results(path: str | Path) -> pd.DataFrame:
     return frame
 
 
-def write_history(results: Sequence[RunResult], path: Path) -> None:
+def history_frame(results: Sequence[RunResult]) -> pd.DataFrame:
+    """Every epoch of every run, with the ``HISTORY_FIELDS`` columns."""
     rows = [row for r in results for row in r.history_rows()]
+    return pd.DataFrame(rows, columns=list(HISTORY_FIELDS))
+
+
+def write_history(results: Sequence[RunResult], path: Path) -> None:
     with atomic_writer(path) as handle:
-        pd.DataFrame(rows, columns=list(HISTORY_FIELDS)).to_csv(handle, index=False)
+        history_frame(results).to_csv(handle, index=False)
+
+
+def read_history(path: str | Path) -> pd.DataFrame | None:
+    """The history CSV at ``path``, or None if there is none (a report without plots)."""
+    path = Path(path)
+    if not path.exists():
+        return None
+    try:
+        frame = pd.read_csv(path)
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as exc:
+        raise StabilityError(f"{path}: not a history CSV ({exc})") from None
+    missing = [c for c in HISTORY_FIELDS if c not in frame.columns]
+    if missing:
+        raise StabilityError(f"{path}: not a history CSV; missing columns {', '.join(missing)}")
+    return frame
 
 
 def summary_table(frame: pd.DataFrame) -> pd.DataFrame:
     """One row per (learning rate, batch size, variant): how often and when it hit a NaN."""
     keys = ["learning_rate", "batch_size", "variant"]
+    best = best_finite_mae(frame)
     rows = []
     for (lr, batch_size, variant), group in frame.groupby(keys, sort=False):
         nan = group["first_nan_epoch"].dropna()
@@ -62,7 +85,8 @@ def summary_table(frame: pd.DataFrame) -> pd.DataFrame:
                 "NaN in": f"{len(nan)}/{len(group)}",
                 "first NaN epoch, median [min-max]": _median_range(nan),
                 "where": ", ".join(sorted(set(where))) or "-",
-                "final MAE, median": _median(group["final_mae"]),
+                "final MAE, median [IQR]": _median_iqr(group["final_mae"]),
+                "final MAE / best finite": _relative(group, best),
                 "best MAE, median": _median(group["best_mae"]),
                 "MAE before NaN, median": _median(group["mae_before_nan"]),
                 "max abs logit, median": _median(group["max_abs_logit"], digits=1),
@@ -79,8 +103,39 @@ def summary_table(frame: pd.DataFrame) -> pd.DataFrame:
     return table
 
 
-def markdown_report(frame: pd.DataFrame, case: str, description: str = "") -> str:
-    """The case's markdown report."""
+def best_finite_mae(frame: pd.DataFrame) -> tuple[str, float] | None:
+    """(variant, median final MAE) of the best variant none of whose runs hit a NaN."""
+    keys = ["learning_rate", "batch_size", "variant"]
+    medians = {
+        key[2]: group["final_mae"].median()
+        for key, group in frame.groupby(keys, sort=False)
+        if group["first_nan_epoch"].isna().all() and group["final_mae"].notna().any()
+    }
+    if not medians:
+        return None
+    variant = min(medians, key=medians.get)
+    return variant, float(medians[variant])
+
+
+def _relative(group: pd.DataFrame, best: tuple[str, float] | None) -> str:
+    values = group["final_mae"].dropna()
+    if best is None or not len(values) or best[1] <= 0:
+        return "-"
+    return f"{values.median() / best[1]:.2f}x"
+
+
+def _median_iqr(values: pd.Series) -> str:
+    values = values.dropna()
+    if not len(values):
+        return "-"
+    q1, q2, q3 = values.quantile([0.25, 0.5, 0.75])
+    return f"{q2:.3f} [{q1:.3f}-{q3:.3f}]"
+
+
+def markdown_report(
+    frame: pd.DataFrame, case: str, description: str = "", history: pd.DataFrame | None = None
+) -> str:
+    """The case's markdown report; with ``history``, also the risk lines and the plots."""
     first = frame.iloc[0]
     settings = pd.DataFrame(
         {
@@ -117,10 +172,43 @@ def markdown_report(frame: pd.DataFrame, case: str, description: str = "") -> st
         "## Variants",
         variants.to_markdown(index=False),
         "## Results",
+        _reference_line(frame),
         summary_table(frame).to_markdown(index=False),
+        *(_history_sections(frame, history, case) if history is not None else []),
         _READING_GUIDE,
     ]
     return "\n\n".join(p for p in parts if p) + "\n"
+
+
+def _reference_line(frame: pd.DataFrame) -> str:
+    best = best_finite_mae(frame)
+    if best is None:
+        return "No variant stayed finite in every run: no reference for relative MAE."
+    return (
+        f"MAE is relative to `{best[0]}` (median final MAE {best[1]:.3f}), the best variant "
+        "none of whose runs hit a NaN."
+    )
+
+
+def _history_sections(frame: pd.DataFrame, history: pd.DataFrame, case: str) -> list[str]:
+    dtype = str(frame["dtype"].iloc[0])
+    limits = exp_limits(dtype)
+    return [
+        "## Risk",
+        (
+            f"Growth of max |attention logit| per epoch: a least-squares line over the last "
+            f"{TREND_FRACTION:.0%} of each run's epochs, median over the runs. The history keeps "
+            f"max |logit|, so its sign is lost; the line is the nearer of `exp`'s two "
+            f"{limits.dtype} limits: overflow above +{limits.overflow:.2f} and flush-to-zero "
+            f"underflow below -{limits.underflow:.2f} (when every logit into a node is below "
+            "it, the naive softmax computes 0/0). For runs that stayed finite, the epoch at "
+            "which the trend would reach the line."
+        ),
+        risk_table(frame, history).to_markdown(index=False),
+        "## Plots",
+        f"![max |attention logit| per epoch]({case}.logits.png)",
+        f"![validation MAE per epoch]({case}.mae.png)",
+    ]
 
 
 _READING_GUIDE = """\
@@ -134,14 +222,20 @@ _READING_GUIDE = """\
   attention logits or attention weights), `loss`, `gradient` or `weights` (after the
   update).
 - **final MAE**: validation MAE in the target's own units after the last epoch, for runs that
-  stayed finite. **MAE before NaN**: the same after the last whole epoch before the NaN.
-- **max abs logit**: the largest |attention logit| seen; `exp` overflows float32 above 88.72.
+  stayed finite, median with the interquartile range. **/ best finite**: that median divided
+  by the best median of a variant none of whose runs hit a NaN. **MAE before NaN**: the
+  validation MAE after the last whole epoch before the NaN.
+- **max abs logit**: the largest |attention logit| seen; `exp` overflows float32 above +88.72
+  and, with denormals flushed to zero, returns 0 below -87.34.
 - **NaN in input** (only when some run had it): runs whose data held NaN or Inf, allowed by
   the case's `allow_nonfinite_input`; they were not trained and do not count under NaN in.
 """
 
 
 def _describe(variant: str) -> str:
+    # Imported here: the variants bring TensorFlow, which `compare` (CSV only) never needs.
+    from stability.variants import get_variant
+
     try:
         return get_variant(variant).description
     except NameNotFound:
@@ -159,9 +253,20 @@ def _median_range(values: pd.Series) -> str:
     return f"{np.median(values):g} [{values.min():g}-{values.max():g}]"
 
 
-def write_reports(frame: pd.DataFrame, out_dir: Path, case: str, description: str = "") -> Path:
-    """Write ``<case>.md`` from ``frame`` into ``out_dir``; return its path."""
+def write_reports(
+    frame: pd.DataFrame,
+    out_dir: Path,
+    case: str,
+    description: str = "",
+    history: pd.DataFrame | None = None,
+) -> Path:
+    """Write ``<case>.md`` (and, with ``history``, its PNGs) into ``out_dir``; return the
+    markdown's path."""
     out_dir.mkdir(parents=True, exist_ok=True)
+    if history is not None and not history.empty:
+        write_plots(history, out_dir, case, str(frame["dtype"].iloc[0]))
+    else:
+        history = None
     path = out_dir / f"{case}.md"
-    atomic_write_text(path, markdown_report(frame, case, description))
+    atomic_write_text(path, markdown_report(frame, case, description, history))
     return path

@@ -1,0 +1,67 @@
+"""Risk lines: the logit trend and where it crosses exp's limit, on synthetic histories."""
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from stability.limits import exp_limits
+from stability.risk import crossing_epoch, logit_trend, risk_table
+
+LINE = exp_limits("float32").underflow
+
+
+def test_trend_recovers_a_straight_line_from_the_second_half():
+    epochs = np.arange(1, 41)
+    # A fast start the fit should ignore, then growth of 0.5 per epoch.
+    logits = np.where(epochs <= 20, 3.0 * epochs, 60 + 0.5 * (epochs - 20))
+    slope, intercept = logit_trend(epochs, logits)
+    assert slope == pytest.approx(0.5) and intercept == pytest.approx(50.0)
+    assert crossing_epoch(slope, intercept, LINE) == pytest.approx((LINE - 50) / 0.5)
+
+
+def test_no_growth_never_crosses():
+    assert crossing_epoch(0.0, 1.0, LINE) == math.inf
+    assert math.isnan(logit_trend(np.array([1]), np.array([1.0]))[0])
+
+
+def _case(slopes: dict[str, float], nan: dict[str, int], budget: int = 50):
+    results, history = [], []
+    for variant, slope in slopes.items():
+        last = nan.get(variant, budget)
+        results.append(
+            {
+                "variant": variant,
+                "seed": 0,
+                "batch_size": 32,
+                "learning_rate": 0.01,
+                "epochs": budget,
+                "dtype": "float32",
+                "first_nan_epoch": nan.get(variant),
+            }
+        )
+        for epoch in range(1, last + 1):
+            history.append(
+                {
+                    "variant": variant,
+                    "seed": 0,
+                    "batch_size": 32,
+                    "learning_rate": 0.01,
+                    "epoch": epoch,
+                    "max_abs_logit": 1.0 + slope * epoch,
+                }
+            )
+    return pd.DataFrame(results), pd.DataFrame(history)
+
+
+def test_risk_lines_tell_delay_from_safety():
+    results, history = _case({"slow": 1.0, "flat": 0.0, "fast": 2.0, "past": 3.0}, {"fast": 44})
+    table = risk_table(results, history).set_index("variant")
+    expected = (LINE - 1.0) / 1.0
+    assert f"near epoch {expected:.0f}" in table.loc["slow", "risk"]
+    assert "only delay" in table.loc["slow", "risk"]
+    assert "not heading" in table.loc["flat", "risk"]
+    assert table.loc["fast", "risk"].startswith("NaN in 1/1")
+    assert "past the line and stayed finite" in table.loc["past", "risk"]
+    assert table.loc["slow", "line"] == f"{LINE:.2f} (underflow)"
