@@ -1,0 +1,103 @@
+"""compare: a baseline passes against itself and fails when a verdict is changed on purpose."""
+
+import shutil
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from test_cli import stability
+
+from stability.compare import Tolerances, compare_results, load_results_dir
+from stability.errors import StabilityError
+
+ROOT = Path(__file__).parent.parent
+BASELINE = ROOT / "reports" / "baseline"
+
+
+@pytest.fixture(scope="module")
+def baseline() -> pd.DataFrame:
+    return load_results_dir(BASELINE)
+
+
+def _finite_and_nan_variants(frame: pd.DataFrame) -> tuple[str, str]:
+    nan = frame.groupby("variant")["first_nan_epoch"].count()
+    return nan[nan == 0].index[0], nan[nan > 0].index[0]
+
+
+def test_identical_results_change_no_verdict(baseline):
+    table = compare_results(baseline.copy(), baseline)
+    assert not table["changed"].any(), table.to_string()
+    assert set(table["status"]) == {"ok"}
+
+
+def test_a_finite_variant_that_now_hits_nan_changes_its_verdict(baseline):
+    finite, _ = _finite_and_nan_variants(baseline)
+    new = baseline.copy()
+    new.loc[new["variant"] == finite, "first_nan_epoch"] = 5
+    table = compare_results(new, baseline).set_index("variant")
+    assert table.loc[finite, "status"] == "now hits NaN"
+    assert table["changed"].sum() == 1
+
+
+def test_a_nan_variant_that_now_stays_finite_changes_its_verdict(baseline):
+    _, failing = _finite_and_nan_variants(baseline)
+    new = baseline.copy()
+    new.loc[new["variant"] == failing, "first_nan_epoch"] = None
+    table = compare_results(new, baseline).set_index("variant")
+    assert table.loc[failing, "status"] == "now stays finite"
+
+
+@pytest.mark.parametrize(("factor", "changed"), [(1.10, False), (1.30, True), (0.70, True)])
+def test_first_nan_epoch_moves_against_its_tolerance(baseline, factor, changed):
+    _, failing = _finite_and_nan_variants(baseline)
+    new = baseline.copy()
+    rows = new["variant"] == failing
+    new.loc[rows, "first_nan_epoch"] = new.loc[rows, "first_nan_epoch"] * factor
+    table = compare_results(new, baseline, Tolerances(nan_epoch=0.2)).set_index("variant")
+    assert table.loc[failing, "changed"] == changed, table.loc[failing, "status"]
+
+
+@pytest.mark.parametrize(("factor", "changed"), [(1.05, False), (1.20, True), (0.50, False)])
+def test_only_a_worse_mae_beyond_its_tolerance_changes_the_verdict(baseline, factor, changed):
+    finite, _ = _finite_and_nan_variants(baseline)
+    new = baseline.copy()
+    rows = new["variant"] == finite
+    new.loc[rows, "final_mae"] = new.loc[rows, "final_mae"] * factor
+    table = compare_results(new, baseline, Tolerances(mae=0.1)).set_index("variant")
+    assert table.loc[finite, "changed"] == changed, table.loc[finite, "status"]
+
+
+def test_a_variant_missing_from_the_new_results_changes_the_verdict(baseline):
+    finite, _ = _finite_and_nan_variants(baseline)
+    table = compare_results(baseline[baseline["variant"] != finite], baseline)
+    assert table.set_index("variant").loc[finite, "status"] == "missing from new results"
+    assert table["changed"].sum() == 1
+
+
+def test_empty_folder_is_bad_input(tmp_path):
+    with pytest.raises(StabilityError, match="no results CSVs"):
+        load_results_dir(tmp_path)
+
+
+def test_cli_exit_codes_and_diff_table(tmp_path, baseline):
+    same = stability("compare", str(BASELINE), str(BASELINE), cwd=tmp_path)
+    assert same.returncode == 0, same.stderr
+    assert "| variant" in same.stdout and "no verdict changed" in same.stdout
+
+    new = tmp_path / "new"
+    shutil.copytree(BASELINE, new)
+    finite, _ = _finite_and_nan_variants(baseline)
+    edited = pd.read_csv(new / "seed.csv")
+    edited.loc[edited["variant"] == finite, "first_nan_epoch"] = 5
+    edited.to_csv(new / "seed.csv", index=False)
+    failed = stability("compare", str(new), str(BASELINE), cwd=tmp_path)
+    assert failed.returncode == 1, failed.stderr
+    assert "now hits NaN" in failed.stdout and "1 verdict(s) changed" in failed.stdout
+
+    bad = stability("compare", str(tmp_path / "nope"), str(BASELINE), cwd=tmp_path)
+    assert bad.returncode == 2
+    assert bad.stderr.strip().splitlines() == [
+        f"stability: error: {tmp_path / 'nope'}: no such folder of results CSVs"
+    ]
+    tol = stability("compare", str(BASELINE), str(BASELINE), "--mae-tolerance", "-1", cwd=tmp_path)
+    assert tol.returncode == 2 and "not a fraction >= 0" in tol.stderr
