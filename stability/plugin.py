@@ -1,0 +1,102 @@
+"""The pytest plugin: put variants under the harness's checks in any test suite.
+
+- The ``stability_run`` fixture trains a case (a file or a ``Case``), records its runs for
+  the session's report and returns them, so a test can assert on them.
+- ``pytest --stability-report DIR`` writes, at the end of the session, the reports of every
+  case run through the fixture: ``<case>.csv``, ``<case>.history.csv``, ``<case>.md`` and
+  the plots.
+
+Exposed through the ``pytest11`` entry point ``stability.plugin``; named after the module,
+so ``-p stability.plugin`` and the entry point never register it twice.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+_REPORT = pytest.StashKey["StabilityReport"]()
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("stability", "numerical-stability reports")
+    group.addoption(
+        "--stability-report",
+        metavar="DIR",
+        type=Path,
+        default=None,
+        help="write the reports of every case run through `stability_run` into DIR",
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    report = StabilityReport(config.getoption("stability_report"))
+    config.stash[_REPORT] = report
+    config.pluginmanager.register(report, "stability-report")
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    report = config.stash.get(_REPORT, None)
+    if report is not None:
+        config.pluginmanager.unregister(report)
+
+
+class StabilityReport:
+    """The runs of one pytest session, per case; writes their reports when it finishes."""
+
+    def __init__(self, out_dir: Path | None):
+        self.out_dir = out_dir
+        self.cases: dict[str, tuple[Any, list[Any]]] = {}  # case name -> (Case, RunResults)
+        self.written: list[Path] = []
+
+    def add(self, case: Any, results: Sequence[Any]) -> None:
+        _, known = self.cases.setdefault(case.name, (case, []))
+        known.extend(results)
+
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        if self.out_dir is None or not self.cases:
+            return
+        from stability.report import history_frame, results_frame, write_reports
+
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        for name, (case, results) in self.cases.items():
+            frame, history = results_frame(results), history_frame(results)
+            frame.to_csv(self.out_dir / f"{name}.csv", index=False)
+            history.to_csv(self.out_dir / f"{name}.history.csv", index=False)
+            self.written.append(write_reports(frame, self.out_dir, name, case.description, history))
+
+    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+        for path in self.written:
+            terminalreporter.write_line(f"stability: wrote {path}")
+
+
+@pytest.fixture
+def stability_run(request: pytest.FixtureRequest) -> Callable[..., list[Any]]:
+    """Train a case and return its ``RunResult`` list; the session's report gets the runs.
+
+    ``stability_run(case, variants=None, **overrides)``: ``case`` is a case file or a
+    ``Case``; ``variants`` replaces the case's list; ``overrides`` replace other ``Case``
+    fields (``epochs=5``, ``seeds=(0,)``).
+    """
+    report = request.config.stash[_REPORT]
+
+    def run(
+        case: str | Path | Any, variants: Sequence[str] | None = None, **overrides: Any
+    ) -> list[Any]:
+        from stability.cases import Case, load_case
+        from stability.runner import run_case
+
+        if not isinstance(case, Case):
+            case = load_case(case)
+        if variants is not None:
+            overrides["variants"] = tuple(variants)
+        case = dataclasses.replace(case, **overrides)
+        results = run_case(case, progress=False)
+        report.add(case, results)
+        return results
+
+    return run

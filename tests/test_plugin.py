@@ -1,0 +1,45 @@
+"""The pytest plugin, run inside a pytest session of its own (pytester)."""
+
+import os
+from pathlib import Path
+
+import pandas as pd
+from conftest import TINY_CASE
+
+from stability.results import RESULT_FIELDS
+
+ROOT = Path(__file__).parent.parent
+
+USER_TEST = """
+def test_my_variant(stability_run):
+    results = stability_run("tiny.toml", variants=["stable_softmax"], epochs=1)
+    assert [r.variant for r in results] == ["stable_softmax"]
+    assert len(results[0].history) == 1
+"""
+
+
+def test_stability_report_writes_the_case_run_by_the_fixture(pytester, monkeypatch):
+    # Not installed (PYTHONPATH=. only), the inner session needs the repository importable.
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    pytester.makefile(".toml", tiny=TINY_CASE)
+    pytester.makepyfile(test_user=USER_TEST)
+    out = pytester.path / "reports"
+    result = pytester.runpytest_subprocess("-p", "stability.plugin", "--stability-report", str(out))
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines([f"stability: wrote {out / 'tiny.md'}"])
+    frame = pd.read_csv(out / "tiny.csv")
+    assert tuple(frame.columns) == RESULT_FIELDS
+    assert list(frame["variant"]) == ["stable_softmax"] and list(frame["epochs"]) == [1]
+    assert len(pd.read_csv(out / "tiny.history.csv")) == 1
+    markdown = (out / "tiny.md").read_text()
+    assert "| stable_softmax" in markdown and "(tiny.logits.png)" in markdown
+    assert (out / "tiny.logits.png").stat().st_size > 0
+
+
+def test_without_the_flag_nothing_is_written(pytester, monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    pytester.makefile(".toml", tiny=TINY_CASE)
+    pytester.makepyfile(test_user=USER_TEST)
+    result = pytester.runpytest_subprocess("-p", "stability.plugin")
+    result.assert_outcomes(passed=1)
+    assert not list(pytester.path.rglob("tiny.md")) and not list(pytester.path.rglob("*.png"))
