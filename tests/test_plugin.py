@@ -43,3 +43,13 @@ def test_without_the_flag_nothing_is_written(pytester, monkeypatch):
     result = pytester.runpytest_subprocess("-p", "stability.plugin")
     result.assert_outcomes(passed=1)
     assert not list(pytester.path.rglob("tiny.md")) and not list(pytester.path.rglob("*.png"))
+
+
+def test_the_fixture_in_this_suite(stability_run, tmp_path):
+    # The README's pattern, loaded by this suite's own `-p stability.plugin` (or, once the
+    # project is installed, by the entry point): `pytest --stability-report DIR` reports it.
+    case = tmp_path / "tiny.toml"
+    case.write_text(TINY_CASE)
+    results = stability_run(case, variants=["stable_softmax"], epochs=1)
+    assert [(r.variant, r.epochs) for r in results] == [("stable_softmax", 1)]
+    assert all(len(r.history) == 1 for r in results)
