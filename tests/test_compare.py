@@ -1,5 +1,6 @@
 """compare: a baseline passes against itself and fails when a verdict is changed on purpose."""
 
+import argparse
 import shutil
 from pathlib import Path
 
@@ -7,7 +8,7 @@ import pandas as pd
 import pytest
 from test_cli import stability
 
-from stability.compare import Tolerances, compare_results, load_results_dir
+from stability.compare import Tolerances, _fraction, compare_results, load_results_dir
 from stability.errors import StabilityError
 
 ROOT = Path(__file__).parent.parent
@@ -99,5 +100,9 @@ def test_cli_exit_codes_and_diff_table(tmp_path, baseline):
     assert bad.stderr.strip().splitlines() == [
         f"stability: error: {tmp_path / 'nope'}: no such folder of results CSVs"
     ]
-    tol = stability("compare", str(BASELINE), str(BASELINE), "--mae-tolerance", "-1", cwd=tmp_path)
-    assert tol.returncode == 2 and "not a fraction >= 0" in tol.stderr
+
+
+@pytest.mark.parametrize("text", ["-1", "x", "nan", "inf"])
+def test_a_tolerance_must_be_a_fraction(text):
+    with pytest.raises(argparse.ArgumentTypeError, match="not a fraction >= 0"):
+        _fraction(text)

@@ -40,6 +40,7 @@ def test_without_the_flag_nothing_is_written(pytester, monkeypatch):
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
     pytester.makefile(".toml", tiny=TINY_CASE)
     pytester.makepyfile(test_user=USER_TEST)
+    # A subprocess: pytester's in-process run re-imports TensorFlow, which aborts.
     result = pytester.runpytest_subprocess("-p", "stability.plugin")
     result.assert_outcomes(passed=1)
     assert not list(pytester.path.rglob("tiny.md")) and not list(pytester.path.rglob("*.png"))
