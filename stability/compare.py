@@ -82,7 +82,7 @@ def compare_results(
                 "first NaN epoch (base -> new)": _pair(row, "nan_epoch", "{:g}"),
                 "final MAE (base -> new)": _pair(row, "mae", "{:.3f}"),
                 "status": status or "ok",
-                "changed": bool(status) and status != "new variant",
+                "changed": bool(status) and status != "not in baseline",
             }
         )
     return pd.DataFrame(rows)
@@ -92,7 +92,7 @@ def _status(row: pd.Series, tol: Tolerances) -> str:
     if pd.isna(row["runs_new"]):
         return "missing from new results"
     if pd.isna(row["runs_base"]):
-        return "new variant"
+        return "not in baseline"
     base_nan, new_nan = row["nan_runs_base"] > 0, row["nan_runs_new"] > 0
     if base_nan != new_nan:
         return "now hits NaN" if new_nan else "now stays finite"

@@ -17,6 +17,7 @@ import matplotlib.pyplot as plt
 import pandas as pd
 
 from stability.limits import exp_limits
+from stability.store import atomic_writer
 
 #: The plots a case gets: file suffix -> (history column, y label, log scale).
 PLOTS = {
@@ -43,7 +44,9 @@ def write_plots(history: pd.DataFrame, out_dir: Path, case: str, dtype: str) -> 
         ax.legend(fontsize=8, ncol=2, loc="best")
         fig.tight_layout()
         path = out_dir / f"{case}.{suffix}.png"
-        fig.savefig(path)
+        # Atomically, like every report file: a reader never sees half a PNG.
+        with atomic_writer(path, "wb") as handle:
+            fig.savefig(handle, format="png")
         plt.close(fig)
         paths.append(path)
     return paths

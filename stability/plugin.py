@@ -61,12 +61,15 @@ class StabilityReport:
         if self.out_dir is None or not self.cases:
             return
         from stability.report import history_frame, results_frame, write_reports
+        from stability.store import atomic_writer
 
         self.out_dir.mkdir(parents=True, exist_ok=True)
         for name, (case, results) in self.cases.items():
             frame, history = results_frame(results), history_frame(results)
-            frame.to_csv(self.out_dir / f"{name}.csv", index=False)
-            history.to_csv(self.out_dir / f"{name}.history.csv", index=False)
+            # Atomically, like `python -m stability run`: a reader never sees half a file.
+            for table, suffix in ((frame, ".csv"), (history, ".history.csv")):
+                with atomic_writer(self.out_dir / f"{name}{suffix}") as handle:
+                    table.to_csv(handle, index=False)
             self.written.append(write_reports(frame, self.out_dir, name, case.description, history))
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:

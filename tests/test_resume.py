@@ -19,7 +19,10 @@ from stability.store import LOCK_NAME
 
 ROOT = Path(__file__).parent.parent
 TWO_SEEDS = TINY_CASE.replace("seeds = [0]", "seeds = [0, 1]")  # 4 runs
-EXPECTED_FILES = sorted([LOCK_NAME, "tiny.csv", "tiny.history.csv", "tiny.md"])
+# The run writes the plots too (issue 5): `<case>.logits.png` and `<case>.mae.png`.
+EXPECTED_FILES = sorted(
+    [LOCK_NAME, "tiny.csv", "tiny.history.csv", "tiny.md", "tiny.logits.png", "tiny.mae.png"]
+)
 
 
 def start(case_file, out, *flags):
