@@ -26,13 +26,23 @@ PLOTS = {
 }
 
 
-def write_plots(history: pd.DataFrame, out_dir: Path, case: str, dtype: str) -> list[Path]:
-    """Write the case's PNGs into ``out_dir``; return their paths."""
+def write_plots(
+    history: pd.DataFrame,
+    out_dir: Path,
+    case: str,
+    dtype: str,
+    nan_runs: frozenset[tuple] = frozenset(),
+) -> list[Path]:
+    """Write the case's PNGs into ``out_dir``; return their paths.
+
+    ``nan_runs`` holds the (learning rate, batch size, variant, seed) of runs that hit a
+    NaN: their lines are drawn on top and end in an x.
+    """
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = []
     for suffix, (column, label, log) in PLOTS.items():
         fig, ax = plt.subplots(figsize=(9, 5), dpi=110)
-        _draw_runs(ax, history, column)
+        _draw_runs(ax, history, column, nan_runs)
         if suffix == "logits":
             _draw_limits(ax, dtype)
         if log:
@@ -52,15 +62,18 @@ def write_plots(history: pd.DataFrame, out_dir: Path, case: str, dtype: str) -> 
     return paths
 
 
-def _draw_runs(ax: plt.Axes, history: pd.DataFrame, column: str) -> None:
+def _draw_runs(ax: plt.Axes, history: pd.DataFrame, column: str, nan_runs: frozenset) -> None:
     keys = ["learning_rate", "batch_size", "variant"]
     settings = history.groupby(keys, sort=False)
     several = history[["learning_rate", "batch_size"]].drop_duplicates().shape[0] > 1
     colors = plt.get_cmap("tab10" if settings.ngroups <= 10 else "tab20")
     for index, ((lr, batch_size, variant), group) in enumerate(settings):
         label = f"{variant} lr={lr:g} bs={batch_size}" if several else variant
-        for n, (_, run) in enumerate(group.groupby("seed", sort=True)):
+        for n, (seed, run) in enumerate(group.groupby("seed", sort=True)):
             run = run.sort_values("epoch")
+            # A variant identical to another until its NaN (raw_e and stable_softmax share
+            # the math until exp leaves the range) would hide under it: NaN runs go on top.
+            nan = (lr, batch_size, variant, seed) in nan_runs
             ax.plot(
                 run["epoch"],
                 run[column],
@@ -70,11 +83,15 @@ def _draw_runs(ax: plt.Axes, history: pd.DataFrame, column: str) -> None:
                 linewidth=max(2.4 - 0.15 * index, 0.8),
                 alpha=0.8,
                 label=label if n == 0 else None,
+                zorder=3 if nan else 2,
+                marker="x" if nan else None,
+                markevery=[len(run) - 1],
             )
 
 
 def _draw_limits(ax: plt.Axes, dtype: str) -> None:
     limits = exp_limits(dtype)
+    ax.plot([], [], "kx", linestyle="none", label="x: last epoch of a run that hit NaN")
     ax.axhline(
         limits.overflow,
         color="black",

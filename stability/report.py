@@ -264,7 +264,11 @@ def write_reports(
     markdown's path."""
     out_dir.mkdir(parents=True, exist_ok=True)
     if history is not None and not history.empty:
-        write_plots(history, out_dir, case, str(frame["dtype"].iloc[0]))
+        nan = frame[frame["first_nan_epoch"].notna()]
+        nan_runs = frozenset(
+            zip(nan["learning_rate"], nan["batch_size"], nan["variant"], nan["seed"], strict=True)
+        )
+        write_plots(history, out_dir, case, str(frame["dtype"].iloc[0]), nan_runs)
     else:
         history = None
     path = out_dir / f"{case}.md"
