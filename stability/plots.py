@@ -35,7 +35,7 @@ def write_plots(
 ) -> list[Path]:
     """Write the case's PNGs into ``out_dir``; return their paths.
 
-    ``nan_runs`` holds the (learning rate, batch size, variant, seed) of runs that hit a
+    ``nan_runs`` holds the (learning rate, batch size, variant, seed, data set) of runs that hit a
     NaN: their lines are drawn on top and end in an x.
     """
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -69,11 +69,12 @@ def _draw_runs(ax: plt.Axes, history: pd.DataFrame, column: str, nan_runs: froze
     colors = plt.get_cmap("tab10" if settings.ngroups <= 10 else "tab20")
     for index, ((lr, batch_size, variant), group) in enumerate(settings):
         label = f"{variant} lr={lr:g} bs={batch_size}" if several else variant
-        for n, (seed, run) in enumerate(group.groupby("seed", sort=True)):
+        # One line per run: a seed on one data set (a case may train on several).
+        for n, ((seed, dataset), run) in enumerate(group.groupby(["seed", "dataset"])):
             run = run.sort_values("epoch")
             # A variant identical to another until its NaN (raw_e and stable_softmax share
             # the math until exp leaves the range) would hide under it: NaN runs go on top.
-            nan = (lr, batch_size, variant, seed) in nan_runs
+            nan = (lr, batch_size, variant, seed, dataset) in nan_runs
             ax.plot(
                 run["epoch"],
                 run[column],

@@ -266,7 +266,9 @@ def write_reports(
     if history is not None and not history.empty:
         nan = frame[frame["first_nan_epoch"].notna()]
         nan_runs = frozenset(
-            zip(nan["learning_rate"], nan["batch_size"], nan["variant"], nan["seed"], strict=True)
+            nan[["learning_rate", "batch_size", "variant", "seed", "dataset"]].itertuples(
+                index=False, name=None
+            )
         )
         write_plots(history, out_dir, case, str(frame["dtype"].iloc[0]), nan_runs)
     else:

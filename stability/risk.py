@@ -51,7 +51,8 @@ def crossing_epoch(slope: float, intercept: float, line: float) -> float:
 
 def run_risks(results: pd.DataFrame, history: pd.DataFrame) -> pd.DataFrame:
     """One row per run: its trend, the line it is heading for and when it would cross it."""
-    keys = ["variant", "seed", "batch_size", "learning_rate"]
+    # A run is one seed on one data set (a case may train on several data sets).
+    keys = ["variant", "seed", "dataset", "batch_size", "learning_rate"]
     dtypes = results.set_index(keys)["dtype"]
     finals = results.set_index(keys)["first_nan_epoch"]
     rows = []

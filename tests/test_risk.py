@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 
 from stability.limits import exp_limits
-from stability.risk import crossing_epoch, logit_trend, risk_table
+from stability.risk import crossing_epoch, logit_trend, risk_table, run_risks
 
 LINE = exp_limits("float32").underflow
 
@@ -34,6 +34,7 @@ def _case(slopes: dict[str, float], nan: dict[str, int], budget: int = 50):
             {
                 "variant": variant,
                 "seed": 0,
+                "dataset": "d",
                 "batch_size": 32,
                 "learning_rate": 0.01,
                 "epochs": budget,
@@ -46,6 +47,7 @@ def _case(slopes: dict[str, float], nan: dict[str, int], budget: int = 50):
                 {
                     "variant": variant,
                     "seed": 0,
+                    "dataset": "d",
                     "batch_size": 32,
                     "learning_rate": 0.01,
                     "epoch": epoch,
@@ -65,3 +67,12 @@ def test_risk_lines_tell_delay_from_safety():
     assert table.loc["fast", "risk"].startswith("NaN in 1/1")
     assert "past the line and stayed finite" in table.loc["past", "risk"]
     assert table.loc["slow", "line"] == f"{LINE:.2f} (underflow)"
+
+
+def test_each_data_set_is_its_own_run():
+    # A case may train on several data sets: the same seed on two of them is two runs.
+    results, history = _case({"v": 1.0}, {})
+    other = results.assign(dataset="e")
+    steeper = history.assign(dataset="e", max_abs_logit=1.0 + 2.0 * history["epoch"])
+    both = run_risks(pd.concat([results, other]), pd.concat([history, steeper]))
+    assert sorted(both["slope"].round(6)) == [1.0, 2.0]
