@@ -15,9 +15,13 @@ import sys
 import traceback
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from stability.compare import add_compare_parser, compare_command
 from stability.errors import StabilityError
+
+if TYPE_CHECKING:
+    from stability.cases import Case
 
 EXIT_BAD_INPUT = 2
 
@@ -33,36 +37,11 @@ def _parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="run case files and write CSV and markdown reports")
     run.add_argument("cases", nargs="+", type=Path, metavar="CASE", help="case TOML files")
     run.add_argument(
-        "--out",
-        type=Path,
-        default=Path("reports"),
-        help="folder for <case>.csv, <case>.history.csv, <case>.md (default: reports)",
-    )
-    run.add_argument(
-        "--plugin",
-        action="append",
-        default=[],
-        metavar="MODULE",
-        help="import MODULE first, so the variants it registers can be named (repeatable)",
-    )
-    run.add_argument(
         "--variants",
         metavar="NAMES",
         help="comma-separated variants to run instead of the case's list",
     )
-    existing = run.add_mutually_exclusive_group()
-    existing.add_argument(
-        "--resume",
-        action="store_true",
-        help="keep the runs already in <case>.csv and run only the missing ones "
-        "(without --resume or --overwrite, a CSV that holds runs is an error)",
-    )
-    existing.add_argument(
-        "--overwrite",
-        action="store_true",
-        help="discard the runs already in <case>.csv and <case>.history.csv",
-    )
-    run.add_argument("--no-progress", action="store_true", help="no progress bars")
+    _add_run_flags(run)
 
     lst = sub.add_parser("list", help="list the registered variants")
     lst.add_argument(
@@ -88,14 +67,51 @@ def _parser() -> argparse.ArgumentParser:
         help="import MODULE first, for the descriptions of your variants",
     )
     add_compare_parser(sub)
+    _add_claims_parser(sub)
     return parser
+
+
+def _add_run_flags(parser: argparse.ArgumentParser) -> None:
+    """Flags shared by ``run`` and ``claims``."""
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=Path("reports"),
+        help="folder for <case>.csv, <case>.history.csv, <case>.md (default: reports)",
+    )
+    parser.add_argument(
+        "--plugin",
+        action="append",
+        default=[],
+        metavar="MODULE",
+        help="import MODULE first, so the variants it registers can be named (repeatable)",
+    )
+    existing = parser.add_mutually_exclusive_group()
+    existing.add_argument(
+        "--resume",
+        action="store_true",
+        help="keep the runs already in <case>.csv and run only the missing ones "
+        "(without --resume or --overwrite, a CSV that holds runs is an error)",
+    )
+    existing.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="discard the runs already in <case>.csv and <case>.history.csv",
+    )
+    parser.add_argument("--no-progress", action="store_true", help="no progress bars")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         _load_plugins(args.plugin)
-        commands = {"run": _run, "list": _list, "report": _report, "compare": compare_command}
+        commands = {
+            "run": _run,
+            "list": _list,
+            "report": _report,
+            "compare": compare_command,
+            "claims": _claims,
+        }
         return commands[args.command](args)
     except StabilityError as exc:
         return _bad_input(args, str(exc))
@@ -134,9 +150,6 @@ def _load_plugins(modules: Sequence[str]) -> None:
 
 def _run(args: argparse.Namespace) -> int:
     from stability.cases import load_case
-    from stability.report import read_history, read_results, write_reports
-    from stability.runner import run_case
-    from stability.store import folder_lock
 
     cases = [load_case(path) for path in args.cases]  # all validated before any training
     if args.variants:
@@ -150,6 +163,16 @@ def _run(args: argparse.Namespace) -> int:
         for name in names:
             get_variant(name)
         cases = [replace(case, variants=names) for case in cases]
+    _run_cases(cases, args)
+    return 0
+
+
+def _run_cases(cases: Sequence[Case], args: argparse.Namespace) -> None:
+    """Train every case into ``args.out`` and write its markdown from the whole CSV."""
+    from stability.report import read_history, read_results, write_reports
+    from stability.runner import run_case
+    from stability.store import folder_lock
+
     _check_writable(args.out)
     for case in cases:
         run_case(
@@ -165,7 +188,6 @@ def _run(args: argparse.Namespace) -> int:
             history = read_history(args.out / f"{case.name}.history.csv")
             path = write_reports(frame, args.out, case.name, case.description, history)
         print(f"wrote {args.out / (case.name + '.csv')} and {path}")
-    return 0
 
 
 def _check_writable(out: Path) -> None:
@@ -204,3 +226,78 @@ def _report(args: argparse.Namespace) -> int:
     path = write_reports(frame, args.out or args.csv.parent, case, description, history)
     print(f"wrote {path}")
     return 0
+
+
+#: The cases the claims are judged from (``cases/<name>.toml``), in the order they run.
+CLAIM_CASES = ("seed", "batch_size", "learning_rate")
+
+
+def _add_claims_parser(sub: argparse._SubParsersAction) -> None:
+    claims = sub.add_parser(
+        "claims",
+        help="the main job: run the claim cases, write their reports and reports/claims.md",
+        description="Run cases/seed.toml, cases/batch_size.toml and cases/learning_rate.toml, "
+        "write each case's reports, then judge the seed's claims C1-C11 into <out>/claims.md.",
+    )
+    claims.add_argument(
+        "--cases",
+        type=Path,
+        default=Path("cases"),
+        metavar="DIR",
+        help="folder holding " + ", ".join(f"{n}.toml" for n in CLAIM_CASES) + " (default: cases)",
+    )
+    claims.add_argument(
+        "--no-run", action="store_true", help="judge the CSVs already in --out; train nothing"
+    )
+    claims.add_argument(
+        "--smoke",
+        action="store_true",
+        help="1 seed, 3 epochs, 64 graphs per case: checks the whole path in about a minute; "
+        "its verdicts say nothing about the claims",
+    )
+    _add_run_flags(claims)
+
+
+def _claims(args: argparse.Namespace) -> int:
+    from stability.cases import load_case
+    from stability.claims import ClaimInputs, Rules, claims_markdown, judge, meaning
+    from stability.report import read_results
+    from stability.runner import case_datasets
+    from stability.store import atomic_write_text
+
+    cases = [load_case(args.cases / f"{name}.toml") for name in CLAIM_CASES]
+    if args.smoke:
+        cases = [_smoke(case) for case in cases]
+    if not args.no_run:
+        _run_cases(cases, args)
+    frames = {}
+    for case in cases:
+        path = args.out / f"{case.name}.csv"
+        frames[case.name] = read_results(path) if path.exists() else None
+    seed = cases[0]
+    inputs = ClaimInputs(
+        seed=frames["seed"],
+        batch_size=frames["batch_size"],
+        learning_rate=frames["learning_rate"],
+        train_graphs=len(case_datasets(seed)[0].train),
+        seed_batch_size=seed.batch_sizes[0],
+        seed_learning_rate=seed.learning_rates[0],
+    )
+    rules = Rules()
+    verdicts = judge(inputs, rules)
+    path = args.out / "claims.md"
+    atomic_write_text(path, claims_markdown(verdicts, rules, meaning(verdicts, frames["seed"])))
+    print(f"wrote {path}")
+    return 0
+
+
+def _smoke(case: Case) -> Case:
+    """The case cut down to check the plumbing: 1 seed, 3 epochs, 64 graphs."""
+    from dataclasses import replace
+
+    return replace(
+        case,
+        seeds=case.seeds[:1],
+        epochs=min(case.epochs, 3),
+        dataset_params={**case.dataset_params, "num_graphs": 64},
+    )
