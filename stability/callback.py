@@ -22,6 +22,7 @@ import numpy as np
 import tensorflow as tf
 
 from stability.replay import NanSite, replay_step
+from stability.results import NAN_FIELDS
 from stability.sentinel import all_finite, nonfinite_weight_site
 
 
@@ -148,13 +149,4 @@ def _applied(apply_gradients: Any, grads_and_vars: list) -> tf.Operation:
 
 
 def _empty_result() -> dict[str, Any]:
-    return dict.fromkeys(
-        (
-            "first_nan_epoch",
-            "first_nan_step",
-            "first_nan_where",
-            "first_nan_layer",
-            "first_nan_op",
-            "loss_nan_epoch",
-        )
-    )
+    return dict.fromkeys(NAN_FIELDS)

@@ -31,6 +31,11 @@ RESULT_FIELDS = (
     "tf_version",
 )
 
+#: The columns that say whether, when and where a run's first NaN happened.
+NAN_FIELDS = RESULT_FIELDS[
+    RESULT_FIELDS.index("first_nan_epoch") : RESULT_FIELDS.index("loss_nan_epoch") + 1
+]
+
 #: Columns that depend on the machine's speed, left out when two runs are compared for
 #: determinism or resumption.
 TIMING_FIELDS = ("wall_seconds", "steps_per_second")
