@@ -99,6 +99,23 @@ def _add_run_flags(parser: argparse.ArgumentParser) -> None:
         help="discard the runs already in <case>.csv and <case>.history.csv",
     )
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+    parser.add_argument(
+        "--workers",
+        type=_positive_int,
+        default=1,
+        metavar="N",
+        help="train N runs at once in N processes (default: 1); rows as in a serial run",
+    )
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} must be at least 1")
+    return value
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -181,6 +198,7 @@ def _run_cases(cases: Sequence[Case], args: argparse.Namespace) -> None:
             progress=not args.no_progress,
             resume=args.resume,
             overwrite=args.overwrite,
+            workers=args.workers,
         )
         # The markdown follows the whole CSV: resumed runs and other processes' runs too.
         with folder_lock(args.out):

@@ -63,11 +63,14 @@ def run_case(
     progress: bool = True,
     resume: bool = False,
     overwrite: bool = False,
+    workers: int = 1,
 ) -> list[RunResult]:
     """Train every run of ``case``; with ``out_dir``, append each run's rows to
     ``<case>.csv`` and ``<case>.history.csv`` durably as it finishes, so an interrupted
     sweep keeps what it finished. With ``resume``, runs already in the CSV are skipped
-    (and not returned); with ``overwrite``, an existing CSV's rows are discarded."""
+    (and not returned); with ``overwrite``, an existing CSV's rows are discarded.
+    ``workers > 1`` trains that many runs at once in worker processes; the rows and their
+    order stay those of a serial sweep (timing columns aside)."""
     datasets = case_datasets(case)
     store = None
     if out_dir is not None:
@@ -79,6 +82,14 @@ def run_case(
         for variant, config in run_configs(case)
         if store is None or _key(variant, config, dataset) not in store.done
     ]
+    if workers > 1:
+        from stability.workers import run_in_workers
+
+        on_result = store.add if store is not None else None
+        results = run_in_workers(configs, workers, progress, on_result, desc=case.name)
+        if store is not None:
+            store.finish()
+        return results
     results: list[RunResult] = []
     runs = tqdm(configs, desc=case.name, unit="run", disable=not progress, dynamic_ncols=True)
     for dataset, variant_name, config in runs:

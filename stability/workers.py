@@ -1,0 +1,152 @@
+"""A pool of worker processes that trains the runs of a sweep in parallel.
+
+Runs are independent (each seeds everything and builds its own model), so N processes train
+N runs at once. Every worker is a fresh ``spawn``-ed interpreter: a forked child would
+inherit TensorFlow's already-started thread pools, and the pools' sizes can only be set
+before TensorFlow runs its first op. Each worker gets ``cores // workers`` intra-op threads
+and one inter-op thread, so that N workers do not oversubscribe the cores (a model this
+small gains little from intra-op threads, and oversubscription costs a lot).
+
+Results come back in the order of the configs given, whatever order the runs finish in, so
+a parallel sweep writes the same rows in the same order as a serial one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import multiprocessing
+import os
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future, ProcessPoolExecutor
+
+from tqdm.auto import tqdm
+
+from stability.datasets import Dataset
+from stability.errors import StabilityError
+from stability.results import RunResult
+from stability.trainer import TrainConfig
+
+#: (data set, variant name, config) of one run, as ``runner.run_case`` lists them.
+RunConfig = tuple[Dataset, str, TrainConfig]
+
+
+def thread_counts(workers: int, cores: int | None = None) -> tuple[int, int]:
+    """(intra-op, inter-op) threads for each of ``workers`` processes on ``cores`` cores."""
+    if workers < 1:
+        raise StabilityError(f"--workers {workers} must be at least 1")
+    cores = cores or os.cpu_count() or 1
+    return max(1, cores // workers), 1
+
+
+def variant_modules(names: Sequence[str]) -> list[str]:
+    """The modules that register ``names``; a worker imports them to see the same registry.
+
+    A variant registered in ``__main__`` (a script) cannot be imported by a spawned worker.
+    """
+    from stability.variants import get_variant
+
+    modules = []
+    for name in dict.fromkeys(names):
+        module = get_variant(name).build.__module__
+        if module == "__main__":
+            raise StabilityError(
+                f"variant {name!r} is registered in a script (__main__); --workers needs it "
+                "in an importable module passed with --plugin"
+            )
+        modules.append(module)
+    return sorted(set(modules))
+
+
+def _start_worker(intra: int, inter: int, modules: list[str], path: list[str]) -> None:
+    """Size TensorFlow's thread pools before anything runs, then load the variants."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    sys.path[:] = path  # so that a user's --plugin module beside the case imports here too
+    with _stderr_silenced():  # as in __main__: TensorFlow's C++ start-up notices
+        import tensorflow as tf
+
+        tf.config.threading.set_intra_op_parallelism_threads(intra)
+        tf.config.threading.set_inter_op_parallelism_threads(inter)
+        tf.constant(0.0)  # start the device (and its CUDA probing) while stderr is silenced
+    for module in modules:
+        importlib.import_module(module)
+
+
+@contextlib.contextmanager
+def _stderr_silenced() -> Iterator[None]:
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "w") as devnull:
+            os.dup2(devnull.fileno(), 2)
+            yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
+def _train(dataset: Dataset, variant: str, config: TrainConfig) -> RunResult:
+    from stability.trainer import Trainer
+    from stability.variants import get_variant
+
+    return Trainer(get_variant(variant), dataset, config).run()
+
+
+def run_in_workers(
+    configs: Sequence[RunConfig],
+    workers: int,
+    progress: bool = True,
+    on_result: Callable[[RunResult], None] | None = None,
+    desc: str = "runs",
+) -> list[RunResult]:
+    """Train every run of ``configs`` in ``workers`` processes.
+
+    Returns the results in the order of ``configs``; ``on_result`` sees each one in that
+    order as soon as it and every run before it have finished.
+    """
+    intra, inter = thread_counts(workers)
+    modules = variant_modules([variant for _, variant, _ in configs])
+    context = multiprocessing.get_context("spawn")
+    results: list[RunResult] = []
+    bar = tqdm(total=len(configs), desc=desc, unit="run", disable=not progress)
+    with ProcessPoolExecutor(
+        max_workers=workers,
+        mp_context=context,
+        initializer=_start_worker,
+        initargs=(intra, inter, modules, list(sys.path)),
+    ) as pool:
+        # Each task carries its data set: a few MB pickled, against seconds of training.
+        futures = [pool.submit(_train, *run) for run in configs]
+        for future in futures:
+            future.add_done_callback(lambda _, bar=bar: bar.update(1))
+        try:
+            for (_, variant, config), result in zip(configs, _in_order(futures), strict=True):
+                if progress:
+                    bar.write(_summary(variant, config, result))
+                results.append(result)
+                if on_result is not None:
+                    on_result(result)
+        except BaseException:
+            for future in futures:
+                future.cancel()
+            raise
+        finally:
+            bar.close()
+    return results
+
+
+def _in_order(futures: list[Future]) -> Iterator[RunResult]:
+    for future in futures:
+        yield future.result()
+
+
+def _summary(variant: str, config: TrainConfig, result: RunResult) -> str:
+    nan = f"NaN at epoch {result.first_nan_epoch}" if result.hit_nan else "finite"
+    if result.first_nan_where == "input":
+        nan = f"not trained, non-finite input ({result.first_nan_layer})"
+    best = "-" if result.best_mae is None else f"{result.best_mae:.3f}"
+    return (
+        f"{config.case}: {variant} seed={config.seed} bs={config.batch_size} "
+        f"lr={config.learning_rate:g}: {nan}, best MAE {best}"
+    )

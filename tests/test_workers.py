@@ -1,0 +1,76 @@
+"""--workers: runs trained in worker processes give the rows of a serial run."""
+
+import pytest
+from conftest import TINY_CASE
+
+from stability import variants
+from stability.cases import parse_case
+from stability.cli import main
+from stability.errors import StabilityError
+from stability.results import TIMING_FIELDS
+from stability.runner import run_case
+from stability.variants import BuildContext, Recipe, create_recipe, register_variant
+from stability.workers import thread_counts, variant_modules
+
+# Two seeds and two variants, so that four runs share two workers and can finish out of order.
+CASE = TINY_CASE.replace("seeds = [0]", "seeds = [0, 1]")
+
+
+def untimed(results):
+    rows = [{k: v for k, v in r.row().items() if k not in TIMING_FIELDS} for r in results]
+    return rows, [r.history_rows() for r in results]
+
+
+def test_two_workers_give_the_serial_rows_in_the_serial_order(tmp_path):
+    case = parse_case(CASE, source="tiny")
+    serial = run_case(case, progress=False)
+    parallel = run_case(case, tmp_path, progress=False, workers=2)
+    assert len(parallel) == 4
+    assert untimed(parallel) == untimed(serial)
+    written = (tmp_path / "tiny.csv").read_text().splitlines()
+    assert len(written) == 1 + 4, "every run's row is written as it comes back"
+    assert [line.split(",")[1:3] for line in written[1:]] == [
+        [r.variant, str(r.seed)] for r in serial
+    ]
+
+
+@pytest.mark.parametrize(
+    ("workers", "cores", "expected"),
+    [
+        pytest.param(1, 2, (2, 1), id="one-worker-gets-every-core"),
+        pytest.param(2, 2, (1, 1), id="two-workers-share-two-cores"),
+        pytest.param(4, 2, (1, 1), id="more-workers-than-cores"),
+        pytest.param(2, 8, (4, 1), id="eight-cores"),
+    ],
+)
+def test_thread_counts_split_the_cores(workers, cores, expected):
+    assert thread_counts(workers, cores) == expected
+
+
+def test_zero_workers_is_an_error():
+    with pytest.raises(StabilityError, match="--workers 0"):
+        thread_counts(0, 2)
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "two"])
+def test_cli_rejects_bad_workers_with_exit_code_2(value, tmp_path, capsys):
+    case = tmp_path / "tiny.toml"
+    case.write_text(TINY_CASE)
+    with pytest.raises(SystemExit) as exc:
+        main(["run", str(case), "--workers", value, "--out", str(tmp_path)])
+    assert exc.value.code == 2
+    assert "--workers" in capsys.readouterr().err
+
+
+def test_a_variant_from_a_script_is_refused(monkeypatch):
+    """A spawned worker cannot import a script's ``__main__``, so it could not see it."""
+
+    def builder(ctx: BuildContext) -> Recipe:
+        return create_recipe(ctx)
+
+    builder.__module__ = "__main__"
+    monkeypatch.setattr(variants, "_variants", dict(variants._variants))
+    register_variant(builder, name="script_only_variant")
+    with pytest.raises(StabilityError, match=r"script_only_variant.*importable module"):
+        variant_modules(["raw_e", "script_only_variant"])
+    assert variant_modules(["raw_e", "stable_softmax"]) == ["stability.variants"]
