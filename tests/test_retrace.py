@@ -1,0 +1,43 @@
+"""The compiled training step is traced once per run, whatever the batch's shape."""
+
+import numpy as np
+import pytest
+
+from stability.graphs import batch_graphs
+from stability.trainer import TrainConfig, Trainer, input_signature, make_predict, make_train_step
+from stability.variants import get_variant
+
+
+@pytest.mark.parametrize("variant", ["raw_e", "grad_clip"])
+def test_batches_of_every_size_reuse_one_trace(variant, tiny_dataset):
+    trainer = Trainer(get_variant(variant), tiny_dataset, TrainConfig(hidden=8))
+    recipe = trainer.build()
+    signature = input_signature(tiny_dataset.num_features, "float32")
+    step = make_train_step(recipe, signature, guard=True)
+    predict = make_predict(recipe.model, signature)
+    graphs = tiny_dataset.train
+    sizes = [1, 2, 3, 5, 8, 13, len(graphs)]  # node and edge counts differ in every batch
+    shapes = set()
+    for size in sizes:
+        batch = batch_graphs(graphs[:size], targets=np.zeros(size))
+        shapes.add((batch.num_nodes, batch.num_edges, batch.num_graphs))
+        flags, _ = step(batch.as_inputs(), batch.targets)
+        assert flags.numpy().all(), f"batch of {size} graphs went non-finite"
+        predict(batch.as_inputs()).numpy()
+    assert len(shapes) == len(sizes), "the test needs batches of distinct shapes"
+    assert step.experimental_get_tracing_count() == 1
+    assert predict.experimental_get_tracing_count() == 1
+
+
+def test_the_counter_sees_a_retrace(tiny_dataset):
+    """Guards the test above: a step without the signature retraces on a new shape."""
+    import tensorflow as tf
+
+    trainer = Trainer(get_variant("raw_e"), tiny_dataset, TrainConfig(hidden=8))
+    recipe = trainer.build()
+    signature = input_signature(tiny_dataset.num_features, "float32")
+    loose = tf.function(make_train_step(recipe, signature, guard=True).python_function)
+    for size in (1, 2):
+        batch = batch_graphs(tiny_dataset.train[:size], targets=np.zeros(size))
+        loose(batch.as_inputs(), batch.targets)
+    assert loose.experimental_get_tracing_count() == 2
