@@ -6,6 +6,7 @@ and their ratios are written to ``reports/bench.md``.
 
 import os
 import platform
+import statistics
 from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -35,8 +36,39 @@ def record(section: str, way: str, benchmark, steps: int) -> None:
     )
 
 
+def record_samples(
+    section: str, way: str, seconds: list[float], per: int, unit: str = "ms per step", **extra
+) -> None:
+    """Like ``record``, for timings taken by hand: ``seconds`` per round of ``per`` units.
+
+    ``unit`` is "ms per step" or "s per sweep"; the first column named "median ..." is the
+    one the ratio is taken of.
+    """
+    scale = 1e3 if unit.startswith("ms") else 1.0
+    quartiles = statistics.quantiles(seconds, n=4) if len(seconds) > 1 else [seconds[0]] * 3
+    MEASURED.setdefault(section, []).append(
+        {
+            "way": way,
+            f"median {unit}": statistics.median(seconds) / per * scale,
+            f"min {unit}": min(seconds) / per * scale,
+            f"IQR {unit}": (quartiles[2] - quartiles[0]) / per * scale,
+            "rounds": len(seconds),
+            **extra,
+        }
+    )
+
+
+def load_average() -> str:
+    """The 1, 5 and 15 minute load averages, as ``uptime`` shows them."""
+    try:
+        return ", ".join(f"{x:.2f}" for x in os.getloadavg())
+    except OSError:  # pragma: no cover - not on every platform
+        return "unknown"
+
+
 @pytest.fixture(scope="session", autouse=True)
 def bench_report():
+    load_before = load_average()
     yield
     if not MEASURED:
         return
@@ -46,11 +78,14 @@ def bench_report():
         "table was measured in the same run, side by side, as the median over rounds.",
         f"Machine: {platform.machine()}, {os.cpu_count()} cores, {platform.system()}, "
         f"Python {platform.python_version()}, TensorFlow {tf.__version__}.",
+        f"Load average (1, 5, 15 min) at the start: {load_before}; at the end: "
+        f"{load_average()}. A load above the core count means other work shared the cores "
+        "during the run and may have skewed the figures.",
     ]
     for section, rows in MEASURED.items():
         table = pd.DataFrame(rows)
-        base = table["median ms per step"].iloc[0]
-        table["ratio to first"] = table["median ms per step"] / base
+        median = next(c for c in table.columns if c.startswith("median"))
+        table["ratio to first"] = table[median] / table[median].iloc[0]
         parts += [
             f"## {section}",
             NOTES.get(section, ""),

@@ -1,0 +1,246 @@
+"""Speed, side by side: the trainer against keras.Model.fit, XLA against none, step time as
+the batch grows, and a sweep with one worker against two (with its peak memory).
+
+Each comparison runs in one test, and its ways take turns round by round, so that load
+from other work on the machine falls on every way alike.
+"""
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+from conftest import NOTES, record_samples
+
+from stability.datasets import load_dataset
+from stability.graphs import batch_graphs
+from stability.trainer import TrainConfig, Trainer, input_signature, make_train_step
+from stability.variants import get_variant
+
+ROOT = Path(__file__).parent.parent
+SEED_DATA = {"num_graphs": 2000, "seed": 0}  # the seed case's data set (cases/seed.toml)
+BATCH = 32
+
+
+@pytest.fixture(scope="module")
+def data():
+    return load_dataset("synthetic", **SEED_DATA)
+
+
+def epoch_batches(data, batch_size=BATCH, seed=0):
+    """One shuffled epoch of numpy batches, as the trainer builds them."""
+    order = np.random.default_rng(seed).permutation(len(data.train))
+    scaled = [(g.target - data.target_mean) / data.target_std for g in data.train]
+    return [
+        batch_graphs([data.train[i] for i in chosen], targets=np.array([scaled[i] for i in chosen]))
+        for chosen in np.array_split(order, int(np.ceil(len(order) / batch_size)))
+    ]
+
+
+def build(data, jit_compile=False):
+    recipe = Trainer(get_variant("raw_e"), data, TrainConfig(hidden=32)).build()
+    signature = input_signature(data.num_features, "float32")
+    step = make_train_step(recipe, signature, guard=True)
+    if jit_compile:
+        step = tf.function(step.python_function, input_signature=signature, jit_compile=True)
+    return recipe, step
+
+
+def trainer_epoch(step, batches):
+    """What ``Trainer.run`` does per step: numpy inputs in, flags and stats read back."""
+    for batch in batches:
+        for tensor in step(batch.as_inputs(), batch.targets):
+            tensor.numpy()
+
+
+def timed(fn, *args):
+    started = time.perf_counter()
+    fn(*args)
+    return time.perf_counter() - started
+
+
+def interleave(ways: dict, rounds: int) -> dict[str, list[float]]:
+    seconds = {name: [] for name in ways}
+    for _ in range(rounds):
+        for name, (fn, args) in ways.items():
+            seconds[name].append(timed(fn, *args))
+    return seconds
+
+
+# --- the trainer against keras.Model.fit -------------------------------------------------
+
+FIT = "Trainer against keras.Model.fit"
+NOTES[FIT] = (
+    "The seed's model (`raw_e`, hidden 32, Adam, learning rate 3e-2) on one epoch of the seed "
+    "case's data set (1800 training graphs, 57 batches of 32, the same batches for both ways). "
+    "*trainer*: the harness's compiled step (sentinel and guard included) called with numpy "
+    "batches, its flags and statistics read back every step, as `Trainer.run` does. "
+    "*fit*: `keras.Model.fit(epochs=1)` of a thin `keras.Model` whose `train_step` does "
+    "forward, the same loss, gradients and Adam (no sentinel), fed a "
+    "`tf.data.Dataset.from_generator` of the same numpy batches with `prefetch(2)`. "
+    "Goal: fit / trainer >= 1.0."
+)
+
+
+class FitModel(keras.Model):
+    """A plain Keras wrapper around the seed's model: what a user would write for fit."""
+
+    def __init__(self, inner, loss_fn):
+        super().__init__()
+        self.inner, self.loss_fn = inner, loss_fn
+
+    def call(self, inputs):
+        return self.inner(inputs)
+
+    def train_step(self, data):
+        inputs, targets = data
+        with tf.GradientTape() as tape:
+            loss = self.loss_fn(targets, self.inner(inputs, training=True))
+        gradients = tape.gradient(loss, self.inner.trainable_variables)
+        self.optimizer.apply(gradients, self.inner.trainable_variables)
+        return {"loss": loss}
+
+
+def fit_dataset(data, batches):
+    inputs, targets = input_signature(data.num_features, "float32")
+    generator = lambda: ((b.as_inputs(), b.targets.astype(np.float32)) for b in batches)  # noqa: E731
+    dataset = tf.data.Dataset.from_generator(generator, output_signature=(inputs, targets))
+    return dataset.prefetch(2)  # batches are built on the host while the step runs
+
+
+def test_trainer_against_fit(data):
+    batches = epoch_batches(data)
+    recipe, _ = build(data)
+    fit_model = FitModel(recipe.model, recipe.loss)
+    fit_model.compile(optimizer=keras.optimizers.Adam(3e-2))
+    dataset = fit_dataset(data, batches)
+    _, step = build(data)
+    ways = {
+        "trainer": (trainer_epoch, (step, batches)),
+        "fit": (lambda: fit_model.fit(dataset, epochs=1, verbose=0), ()),
+    }
+    interleave(ways, rounds=1)  # trace both outside the timed rounds
+    for name, seconds in interleave(ways, rounds=8).items():
+        record_samples(FIT, name, seconds, len(batches))
+
+
+# --- XLA ----------------------------------------------------------------------------------
+
+JIT = "Trainer step with and without jit_compile (XLA)"
+SHAPES = 4
+
+
+def test_jit_compile(data):
+    batches = epoch_batches(data)
+    shapes = {(b.num_nodes, b.num_edges) for b in batches}
+    fixed = batches[:SHAPES]
+    _, plain = build(data)
+    _, jit = build(data, jit_compile=True)
+    compile_seconds = [timed(trainer_epoch, jit, [b]) for b in fixed]  # one compile per shape
+    trainer_epoch(plain, fixed)
+    ways = {"no jit": (trainer_epoch, (plain, fixed)), "jit_compile": (trainer_epoch, (jit, fixed))}
+    for name, seconds in interleave(ways, rounds=10).items():
+        record_samples(JIT, name, seconds, len(fixed))
+    NOTES[JIT] = (
+        f"The harness's step for `raw_e` (hidden 32) on {SHAPES} batches of 32 graphs of the "
+        "seed case's data set, each shape compiled before the timed rounds: the best case for "
+        "XLA. XLA compiles once per input shape, and batches of random graphs rarely share "
+        f"one: the first step of each new shape took a median of "
+        f"{np.median(compile_seconds):.1f} s here, and one epoch of the seed case holds "
+        f"{len(shapes)} distinct (nodes, edges) shapes in {len(batches)} batches, so nearly "
+        "every step would compile anew. The harness therefore offers no `jit_compile` "
+        "switch; the ratio below is what padding batches to a few fixed shapes could win "
+        "per step (not built: padding needs a masked loss)."
+    )
+
+
+# --- step time as the batch grows ---------------------------------------------------------
+
+EDGES = "Step time at 1x, 4x and 16x the edges per batch"
+NOTES[EDGES] = (
+    "The harness's step for `raw_e` (hidden 32) on batches of 32, 128 and 512 graphs of the "
+    "seed case's data set (about 1x, 4x, 16x the edges; the exact counts are in the table), "
+    "5 batches per round. Goal: near-linear growth, i.e. a ratio at most the edge ratio."
+)
+
+
+def test_step_time_against_edges(data):
+    _, step = build(data)
+    ways, edges = {}, {}
+    for factor in (1, 4, 16):
+        batches = epoch_batches(data, batch_size=BATCH * factor)[:5]
+        edges[factor] = int(np.mean([b.num_edges for b in batches]))
+        ways[f"{factor}x ({BATCH * factor} graphs)"] = (trainer_epoch, (step, batches))
+    interleave(ways, rounds=1)
+    for (name, seconds), factor in zip(interleave(ways, rounds=10).items(), edges, strict=True):
+        record_samples(
+            EDGES,
+            name,
+            seconds,
+            5,
+            **{"edges per batch": edges[factor], "edge ratio": edges[factor] / edges[1]},
+        )
+
+
+# --- a sweep with one worker against two ---------------------------------------------------
+
+SWEEP = "Sweep throughput, --workers 1 against --workers 2, and peak memory"
+SWEEP_EPOCHS = 4
+
+
+def sweep_case(tmp_path: Path) -> Path:
+    text = (ROOT / "cases" / "seed.toml").read_text()
+    text = text.replace("epochs = 110", f"epochs = {SWEEP_EPOCHS}")
+    assert f"epochs = {SWEEP_EPOCHS}" in text, "cases/seed.toml changed its epochs line"
+    path = tmp_path / "sweep.toml"
+    path.write_text(text)
+    return path
+
+
+def run_sweep(case: Path, out: Path, workers: int) -> tuple[float, float]:
+    """Wall seconds and peak RSS (MB, the largest process) of one sweep in a subprocess."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TF_CPP_MIN_LOG_LEVEL": "2"}
+    command = [sys.executable, "-m", "stability", "run", str(case), "--out", str(out)]
+    command += ["--no-progress", "--workers", str(workers)]
+    started = time.perf_counter()
+    child = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL)
+    _, status, usage = os.wait4(child.pid, 0)
+    seconds = time.perf_counter() - started
+    child.returncode = os.waitstatus_to_exitcode(status)
+    assert child.returncode == 0, f"{' '.join(command)} failed"
+    return seconds, usage.ru_maxrss / 2**10  # KiB on Linux
+
+
+def test_sweep_workers(tmp_path):
+    case = sweep_case(tmp_path)
+    seconds = {1: [], 2: []}
+    peaks = {1: [], 2: []}
+    for round_ in range(2):
+        for workers in (1, 2):
+            wall, peak = run_sweep(case, tmp_path / f"w{workers}-{round_}", workers)
+            seconds[workers].append(wall)
+            peaks[workers].append(peak)
+    rows = (tmp_path / "w1-0" / "sweep.csv").read_text().count("\n") - 1
+    for workers in (1, 2):
+        record_samples(
+            SWEEP,
+            f"--workers {workers}",
+            seconds[workers],
+            1,
+            unit="s per sweep",
+            **{"peak RSS MB (largest process)": max(peaks[workers])},
+        )
+    NOTES[SWEEP] = (
+        f"`python -m stability run SWEEP.toml --workers N --no-progress`, where SWEEP.toml is "
+        f"cases/seed.toml with `epochs = {SWEEP_EPOCHS}`: the seed case's {rows} runs, each "
+        "cut short, in a subprocess timed from start to exit (TensorFlow's import and the "
+        "data set included); the two ways take turns. Peak RSS is `ru_maxrss` from "
+        "`os.wait4` on the sweep's process: for --workers 2 that is the largest of the parent "
+        "and its workers, not their sum. Goal: --workers 1 / --workers 2 >= 1.6, i.e. a "
+        "ratio <= 0.625 below; peak RSS of the seed case <= 2048 MB."
+    )
