@@ -191,7 +191,7 @@ def test_step_time_against_edges(data):
 # --- a sweep with one worker against two ---------------------------------------------------
 
 SWEEP = "Sweep throughput, --workers 1 against --workers 2, and peak memory"
-SWEEP_EPOCHS = 4
+SWEEP_EPOCHS = 10
 TIME = "/usr/bin/time"
 
 
