@@ -1,5 +1,6 @@
 """--workers: runs trained in worker processes give the rows of a serial run."""
 
+import pandas as pd
 import pytest
 from conftest import TINY_CASE
 
@@ -12,8 +13,9 @@ from stability.runner import run_case
 from stability.variants import BuildContext, Recipe, create_recipe, register_variant
 from stability.workers import thread_counts, variant_modules
 
-# Two seeds and two variants, so that four runs share two workers and can finish out of order.
-CASE = TINY_CASE.replace("seeds = [0]", "seeds = [0, 1]")
+# Two data sets and two variants, so that four runs share two workers and can finish out of
+# order, and each task must carry its own data set.
+CASE = TINY_CASE.replace("epochs = 2", "epochs = 2\nnum_datasets = 2")
 
 
 def untimed(results):
@@ -23,15 +25,15 @@ def untimed(results):
 
 def test_two_workers_give_the_serial_rows_in_the_serial_order(tmp_path):
     case = parse_case(CASE, source="tiny")
-    serial = run_case(case, progress=False)
-    parallel = run_case(case, tmp_path, progress=False, workers=2)
+    serial = run_case(case, tmp_path / "serial", progress=False)
+    parallel = run_case(case, tmp_path / "parallel", progress=False, workers=2)
+    assert len({r.dataset for r in serial}) == 2, "the case must train on two data sets"
     assert len(parallel) == 4
     assert untimed(parallel) == untimed(serial)
-    written = (tmp_path / "tiny.csv").read_text().splitlines()
-    assert len(written) == 1 + 4, "every run's row is written as it comes back"
-    assert [line.split(",")[1:3] for line in written[1:]] == [
-        [r.variant, str(r.seed)] for r in serial
-    ]
+    for name in ("tiny.csv", "tiny.history.csv"):
+        frames = [pd.read_csv(tmp_path / way / name) for way in ("serial", "parallel")]
+        kept = [f.drop(columns=[c for c in TIMING_FIELDS if c in f.columns]) for f in frames]
+        pd.testing.assert_frame_equal(kept[0], kept[1], obj=name)
 
 
 @pytest.mark.parametrize(
