@@ -13,8 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-#: float32 limits of ``exp``, for the explanations (see stability.softmax).
-EXP_OVERFLOW = 88.72
+from stability.limits import exp_limits
 
 REPRODUCED, NOT_REPRODUCED, NOT_RUN = "reproduced", "not reproduced", "not run"
 
@@ -178,7 +177,7 @@ CLAIMS = {
     'tf.clip_by_global_norm(gradients, 1.0)" (it did not help)',
     "C7": "\"tried limiting 'sigma' with sigma = tf.clip_by_value(sigma,-4,1.0) but the gradients "
     'still explode"',
-    "C8": '"Tried with reduced learning rate" (it delayed, did not avoid, the NaN)',
+    "C8": '"Tried with reduced learning rate" (among what did not fix it: it delays the NaN)',
     "C9": '"I applied kernel constraints [...] This resolved the problem without degrading the '
     'performance."',
     "C10": '"Alternatively, one could use the numerically stable implementation of the softmax '
@@ -312,17 +311,22 @@ def _mae_claim(claim, variant, stats, raw, best, rules, report, worse: bool) -> 
     cost = worse_mae(s, best_stats.final_mae, rules) if best_stats else None
     numbers = s.describe()
     if best_stats is not None:
-        ratio = s.final_mae / best_stats.final_mae if best_stats.final_mae else math.nan
-        numbers += (
-            f"; best avoider {best_name}: final MAE {_g(best_stats.final_mae)} (x{ratio:.2f})"
+        numbers += f"; best avoider {best_name}: final MAE {_g(best_stats.final_mae)}"
+        if math.isfinite(s.final_mae) and best_stats.final_mae:
+            numbers += f" (x{s.final_mae / best_stats.final_mae:.2f})"
+    if avoid is False:  # hitting a NaN fails the claim, whatever the MAE
+        first = np.median(s.epochs[np.isfinite(s.epochs)])
+        why = (
+            f"{variant} hit a NaN in {s.nans}/{s.runs} runs, first at epoch {_g(first)} "
+            f"against raw_e's {_g(raw.median_epoch)}: it delayed the NaN, its max abs logit "
+            f"reaching {s.max_logit:.1f}."
         )
+        return _verdict(claim, False, numbers, why, report)
     if avoid is None or cost is None:
         return _verdict(claim, None, numbers, "The avoid or MAE test could not be made.", report)
-    holds = avoid and (cost if worse else not cost)
+    holds = cost if worse else not cost
     why = ""
-    if not avoid:
-        why = f"{variant} hit a NaN in {s.nans}/{s.runs} runs (max abs logit {s.max_logit:.1f})."
-    elif cost != worse:
+    if cost != worse:
         change = s.final_mae / best_stats.final_mae - 1.0
         why = (
             f"{variant}'s median final MAE is {change:+.0%} against {best_name}'s "
@@ -334,15 +338,19 @@ def _mae_claim(claim, variant, stats, raw, best, rules, report, worse: bool) -> 
 def _exp_claim(raw: Stats, report: str) -> Verdict:
     if not raw.nans:
         return _verdict("C11", None, raw.describe(), "raw_e never hit a NaN.", report)
-    numbers = f"where: {', '.join(raw.wheres)}; op: {', '.join(raw.ops) or '-'}"
+    numbers = f"stage: {', '.join(raw.wheres)}; op: {', '.join(raw.ops) or '-'}"
     forward_exp = raw.wheres == ("forward",) and all("softmax_exp" in op for op in raw.ops)
     forward_exp = forward_exp and bool(raw.ops)
     why = ""
     if not forward_exp:
+        limits = exp_limits("float32")
         why = (
-            f"The first non-finite values came from {numbers}; raw_e's max abs logit was "
-            f"{raw.max_logit:.1f}, {'above' if raw.max_logit > EXP_OVERFLOW else 'below'} "
-            f"exp's float32 overflow at {EXP_OVERFLOW}."
+            f"The first non-finite value came from {', '.join(raw.ops) or 'no named op'} in "
+            f"the {', '.join(raw.wheres)} stage, with raw_e's max abs logit at "
+            f"{raw.max_logit:.1f}: {'above' if raw.max_logit > limits.overflow else 'below'} "
+            f"exp's float32 overflow ({limits.overflow:.2f}), "
+            f"{'past' if raw.max_logit > limits.underflow else 'short of'} its flush-to-zero "
+            f"underflow ({limits.underflow:.2f})."
         )
     return _verdict("C11", forward_exp, numbers, why, report)
 
@@ -434,24 +442,25 @@ def claims_markdown(verdicts: list[Verdict], rules: Rules, meaning: str) -> str:
 
 def meaning(verdicts: list[Verdict], seed: pd.DataFrame | None) -> str:
     """A paragraph for a reader with a NaN in their own GNN, built from the verdicts."""
-    by_id = {v.id: v for v in verdicts}
     if seed is None:
         return "The seed case was not run, so there is nothing to say yet."
-    finite = sorted(
-        v for v, rows in seed.groupby("variant") if rows["first_nan_epoch"].isna().all()
-    )
-    failed = sorted(
-        v for v, rows in seed.groupby("variant") if rows["first_nan_epoch"].notna().any()
-    )
-    c11 = by_id["C11"]
-    return (
+    by_id = {v.id: v for v in verdicts}
+    first = seed.groupby("variant")["first_nan_epoch"]
+    finite = [v for v, epochs in first if epochs.isna().all()]
+    failed = [f"{v} (epoch {_g(epochs.median())})" for v, epochs in first if epochs.notna().any()]
+    text = (
         f"On this task the variants that stayed finite in every run were {', '.join(finite)}; "
-        f"those that hit a NaN were {', '.join(failed)}. The first non-finite value came from "
-        f"{c11.numbers} (C11 {c11.verdict}). If your loss or weights turn NaN: find the first "
-        "op that goes non-finite before you tune the optimizer (`NanSentinel` or the trainer's "
-        "replay names it); a NaN that starts in the forward pass is not an exploding gradient, "
-        "so clipping the gradients or lowering the learning rate can at most delay it (see C6 "
-        "and C8). Bound what feeds `exp` instead: subtract the segment max in the softmax, or "
-        "scale the edge feature, and compare the final MAE of the fix, since some fixes here "
-        "cost accuracy (C4, C9)."
+        f"the others hit a NaN, at these median epochs: {', '.join(failed)}. "
+        f"The first non-finite value of raw_e came from {by_id['C11'].numbers} "
+        f"(C11 {by_id['C11'].verdict}). "
+    )
+    return text + (
+        "If your loss or weights turn NaN, find the first op that goes non-finite before you "
+        "tune the optimizer (`NanSentinel` or the trainer's replay names it). A NaN that starts "
+        "in the forward pass is not an exploding gradient, and the optimizer-side remedies "
+        f"here (gradient clipping: C6 {by_id['C6'].verdict}; a lower learning rate: C8 "
+        f"{by_id['C8'].verdict}) act on how fast the logits grow, not on where `exp` breaks. "
+        "Bound what feeds `exp` instead, by subtracting the segment max in the softmax, and "
+        "compare the final MAE of every fix (C4, C9): squashing or constraining the input of "
+        "the logit can cost accuracy or only postpone the NaN."
     )
