@@ -20,16 +20,21 @@ import os
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
+from typing import TYPE_CHECKING
 
 from tqdm.auto import tqdm
 
 from stability.datasets import Dataset
 from stability.errors import StabilityError
 from stability.results import RunResult
-from stability.trainer import TrainConfig
+
+if TYPE_CHECKING:
+    # Not at run time: a spawned worker imports this module before _start_worker can
+    # silence TensorFlow's start-up notices, and the trainer imports TensorFlow.
+    from stability.trainer import TrainConfig
 
 #: (data set, variant name, config) of one run, as ``runner.run_case`` lists them.
-RunConfig = tuple[Dataset, str, TrainConfig]
+RunConfig = tuple[Dataset, str, "TrainConfig"]
 
 
 def thread_counts(workers: int, cores: int | None = None) -> tuple[int, int]:
