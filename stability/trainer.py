@@ -70,7 +70,9 @@ def input_signature(
     return inputs, tf.TensorSpec([None], dtype)
 
 
-def make_train_step(recipe: Recipe, signature: tuple[Any, Any], guard: bool) -> Callable[..., Any]:
+def make_train_step(
+    recipe: Recipe, signature: tuple[Any, Any], guard: bool, jit_compile: bool = False
+) -> Callable[..., Any]:
     """A compiled step: forward, loss, gradients, update, and the fused finiteness check.
 
     Returns ``flags`` (``[4]`` bool, see ``sentinel.STAGES``) and ``stats``
@@ -80,7 +82,7 @@ def make_train_step(recipe: Recipe, signature: tuple[Any, Any], guard: bool) -> 
     """
     model, optimizer, weights = recipe.model, recipe.optimizer, recipe.model.trainable_variables
 
-    @tf.function(input_signature=signature, reduce_retracing=True)
+    @tf.function(input_signature=signature, reduce_retracing=True, jit_compile=jit_compile)
     def step(inputs: dict[str, tf.Tensor], targets: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
         with tf.GradientTape() as tape:
             out = forward(model, inputs)

@@ -115,3 +115,27 @@ def test_site_from_error_reads_scopes(node, expected):
     message = f'Detected at node {node}/CheckNumericsV2\n... of graph op "Exp" ...'
     site = site_from_error(message, {"message_passing_0", "head", "net"})
     assert (site.where, site.layer) == expected
+
+
+def test_an_xla_compiled_step_is_guarded_and_replayed_without_xla(tiny_dataset):
+    """The fused check and the guard work under jit_compile=True; the replay, whose check
+    ops XLA cannot compile, runs without it and still names the op."""
+    from stability.graphs import batch_graphs
+    from stability.replay import replay_step
+    from stability.trainer import input_signature, make_train_step
+
+    trainer = Trainer(
+        Variant("planted", "test-only", attention_weight_on_e(60.0)), tiny_dataset, CONFIG
+    )
+    recipe = trainer.build()
+    signature = input_signature(tiny_dataset.num_features, "float32")
+    step = make_train_step(recipe, signature, guard=True, jit_compile=True)
+    batch = batch_graphs(tiny_dataset.train[:16])
+    before = [w.numpy().copy() for w in recipe.model.trainable_variables]
+    flags, _ = step(batch.as_inputs(), batch.targets)
+    assert not flags.numpy()[0], "the forward overflow must be seen under XLA"
+    for old, new in zip(before, recipe.model.trainable_variables, strict=True):
+        np.testing.assert_array_equal(old, new.numpy())
+    inputs = {k: tf.constant(v) for k, v in batch.as_inputs().items()}
+    site = replay_step(recipe.model, lambda p: recipe.loss(tf.constant(batch.targets), p), inputs)
+    assert (site.where, site.op) == ("forward", "Exp (softmax_exp)")
