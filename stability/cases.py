@@ -22,7 +22,7 @@ else:  # pragma: no cover - exercised by the 3.10 tox environment
 
 from stability.datasets import dataset_parameters, list_datasets
 from stability.errors import CaseError, StabilityError
-from stability.trainer import DTYPES
+from stability.trainer import DTYPES, default_dtype
 from stability.variants import get_variant, list_variants
 
 
@@ -37,7 +37,7 @@ class Case:
     batch_sizes: tuple[int, ...] = (32,)
     learning_rates: tuple[float, ...] = (1e-2,)
     epochs: int = 100
-    dtype: str = "float32"
+    dtype: str = field(default_factory=default_dtype)
     stop_at_nan: bool = True
     #: Data with NaN/Inf is an error unless this is set; then each run records
     #: ``first_nan_where = "input"`` without training (never counted as a training NaN).

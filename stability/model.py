@@ -91,7 +91,9 @@ class GraphNetwork(keras.Model):
             states.append(nodes)
         # [num_graphs, hidden]
         pooled = tf.math.unsorted_segment_sum(nodes, inputs["node_graph"], inputs["num_graphs"])
-        predictions = self.head(self.head_hidden(pooled))
+        # Under a mixed policy the head computes in float16; the loss (its exp(-log sigma))
+        # gets the predictions in the weights' dtype, as Keras' mixed-precision guide advises.
+        predictions = tf.cast(self.head(self.head_hidden(pooled)), self.dtype_policy.variable_dtype)
         return {"predictions": predictions, "logits": logits, "alpha": alphas, "nodes": states}
 
     def call(self, inputs: dict[str, tf.Tensor]) -> tf.Tensor:

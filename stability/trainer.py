@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import math
+import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import keras
@@ -13,13 +14,32 @@ import numpy as np
 import tensorflow as tf
 
 from stability.datasets import Dataset
+from stability.errors import StabilityError
 from stability.graphs import Graph, GraphBatch, batch_graphs
 from stability.replay import NanSite, replay_step
 from stability.results import EpochRecord, RunResult
 from stability.sentinel import all_finite, finite_flags, first_failure, nonfinite_weight_site
 from stability.variants import BuildContext, Recipe, Variant
 
-DTYPES = ("float32", "float64")
+#: Dtype policies a run accepts: a float dtype, or Keras' mixed policy (float16 compute,
+#: float32 weights), where the naive softmax's exp already overflows above 11.09.
+DTYPES = ("float32", "float64", "mixed_float16")
+
+
+def default_dtype() -> str:
+    """The dtype policy of runs that do not name one: ``$STABILITY_DTYPE`` or float32.
+
+    The tox matrix sets the variable to run the whole suite under each policy.
+    """
+    dtype = os.environ.get("STABILITY_DTYPE", "float32")
+    if dtype not in DTYPES:
+        raise StabilityError(f"STABILITY_DTYPE={dtype!r} must be one of {', '.join(DTYPES)}")
+    return dtype
+
+
+def storage_dtype(dtype: str) -> str:
+    """The dtype of a batch's arrays and of the weights: float32 under a mixed policy."""
+    return "float32" if dtype.startswith("mixed_") else dtype
 
 
 @dataclass(frozen=True)
@@ -32,7 +52,7 @@ class TrainConfig:
     batch_size: int = 32
     learning_rate: float = 3e-2
     epochs: int = 100
-    dtype: str = "float32"
+    dtype: str = field(default_factory=default_dtype)
     hidden: int = 32
     num_layers: int = 1
     stop_at_nan: bool = True
@@ -170,12 +190,12 @@ class Trainer:
             return input_nan_result(self.variant.name, data, cfg)
         started = time.perf_counter()
         recipe = self.build()
-        signature = input_signature(data.num_features, cfg.dtype)
+        signature = input_signature(data.num_features, storage_dtype(cfg.dtype))
         # The first failing step is always guarded, so the weights from before it survive
         # for the replay; with stop_at_nan=False the run then goes on unguarded.
         step = make_train_step(recipe, signature, guard=True)
         predict = make_predict(recipe.model, signature)
-        val_batch = batch_graphs(data.val, dtype=cfg.dtype)
+        val_batch = batch_graphs(data.val, dtype=storage_dtype(cfg.dtype))
         result = RunResult(
             case=cfg.case,
             variant=self.variant.name,
@@ -195,7 +215,10 @@ class Trainer:
             record = EpochRecord(epoch)
             epoch_stats: list[np.ndarray] = []
             tick = time.perf_counter()
-            for batch in _shuffled_batches(data.train, scaled, cfg.batch_size, rng, cfg.dtype):
+            batches = _shuffled_batches(
+                data.train, scaled, cfg.batch_size, rng, storage_dtype(cfg.dtype)
+            )
+            for batch in batches:
                 inputs = batch.as_inputs()
                 flags, stats = (t.numpy() for t in step(inputs, batch.targets))
                 steps += 1

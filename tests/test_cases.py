@@ -7,6 +7,7 @@ from conftest import TINY_CASE
 
 from stability.cases import load_case, parse_case
 from stability.errors import CaseError
+from stability.trainer import default_dtype
 
 CASES = sorted((Path(__file__).parent.parent / "cases").glob("*.toml"))
 
@@ -22,7 +23,7 @@ def test_defaults_fill_in():
     case = parse_case(TINY_CASE)
     assert case.variants == ("raw_e", "stable_softmax")
     assert case.dataset_params == {"num_graphs": 48, "min_nodes": 3, "max_nodes": 7}
-    assert case.dtype == "float32" and case.stop_at_nan
+    assert case.dtype == default_dtype() and case.stop_at_nan
 
 
 @pytest.mark.parametrize(
@@ -36,7 +37,9 @@ def test_defaults_fill_in():
         pytest.param("seeds = [-1]", "expected a non-empty list of integers >= 0", id="neg-seed"),
         pytest.param("batch_sizes = [32, true]", "batch_sizes = [32, True]", id="bool-batch"),
         pytest.param("learning_rates = [nan]", "learning_rates = [nan] is not valid", id="nan-lr"),
-        pytest.param('dtype = "float16"', "expected one of float32, float64", id="dtype"),
+        pytest.param(
+            'dtype = "float16"', "expected one of float32, float64, mixed_float16", id="dtype"
+        ),
         pytest.param('variants = ["raw_ee"]', "Did you mean 'raw_e'?", id="variant-typo"),
         pytest.param("model = 3", "[model] must be a table", id="model-not-table"),
         pytest.param("[model]\nwidth = 3", "unknown key model.'width'", id="model-key"),
