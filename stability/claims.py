@@ -409,7 +409,33 @@ def _yes(values: list[bool | None]) -> str:
     return "undecided" if None in values else ("yes" if all(values) else "no")
 
 
-def claims_markdown(verdicts: list[Verdict], rules: Rules, meaning: str) -> str:
+def molecules_section(frame: pd.DataFrame | None) -> str:
+    """The same variants on the G2 molecules, where that case was run: one row each."""
+    if frame is None:
+        return ""
+    rows = []
+    for variant, group in frame.groupby("variant"):
+        nan = group["first_nan_epoch"].notna()
+        rows.append(
+            {
+                "variant": variant,
+                "NaN in": f"{int(nan.sum())}/{len(group)}",
+                "max abs logit, median": round(float(group["max_abs_logit"].median()), 1),
+                "final MAE, median (kcal/mol)": round(float(group["final_mae"].median()), 2),
+            }
+        )
+    return (
+        "## The same variants on real molecules\n\n"
+        "[g2_molecules](g2_molecules.md): the seed case's model and variants on the 148 G2 "
+        "molecules shipped with ASE (target: enthalpy of formation). The claims above are "
+        "judged on the synthetic cases only; this table shows whether their failures occur "
+        "on real geometries at all.\n\n" + pd.DataFrame(rows).to_markdown(index=False)
+    )
+
+
+def claims_markdown(
+    verdicts: list[Verdict], rules: Rules, meaning: str, molecules: str = ""
+) -> str:
     """``reports/claims.md``: the rules, one row per claim, and what it means."""
     table = pd.DataFrame(
         [
@@ -436,8 +462,9 @@ def claims_markdown(verdicts: list[Verdict], rules: Rules, meaning: str) -> str:
         table.to_markdown(index=False),
         "## What this means",
         meaning,
+        molecules,
     ]
-    return "\n\n".join(parts) + "\n"
+    return "\n\n".join(p for p in parts if p) + "\n"
 
 
 def meaning(verdicts: list[Verdict], seed: pd.DataFrame | None) -> str:

@@ -278,7 +278,14 @@ def _add_claims_parser(sub: argparse._SubParsersAction) -> None:
 
 def _claims(args: argparse.Namespace) -> int:
     from stability.cases import load_case
-    from stability.claims import ClaimInputs, Rules, claims_markdown, judge, meaning
+    from stability.claims import (
+        ClaimInputs,
+        Rules,
+        claims_markdown,
+        judge,
+        meaning,
+        molecules_section,
+    )
     from stability.report import read_results
     from stability.runner import case_datasets
     from stability.store import atomic_write_text
@@ -304,7 +311,10 @@ def _claims(args: argparse.Namespace) -> int:
     rules = Rules()
     verdicts = judge(inputs, rules)
     path = args.out / "claims.md"
-    atomic_write_text(path, claims_markdown(verdicts, rules, meaning(verdicts, frames["seed"])))
+    molecules_csv = args.out / "g2_molecules.csv"
+    molecules = molecules_section(read_results(molecules_csv) if molecules_csv.exists() else None)
+    text = claims_markdown(verdicts, rules, meaning(verdicts, frames["seed"]), molecules)
+    atomic_write_text(path, text)
     print(f"wrote {path}")
     return 0
 
