@@ -196,17 +196,7 @@ class Trainer:
         step = make_train_step(recipe, signature, guard=True)
         predict = make_predict(recipe.model, signature)
         val_batch = batch_graphs(data.val, dtype=storage_dtype(cfg.dtype))
-        result = RunResult(
-            case=cfg.case,
-            variant=self.variant.name,
-            seed=cfg.seed,
-            dataset=data.key,
-            batch_size=cfg.batch_size,
-            learning_rate=cfg.learning_rate,
-            epochs=cfg.epochs,
-            dtype=cfg.dtype,
-            tf_version=tf.__version__,
-        )
+        result = new_result(self.variant.name, data, cfg)
         # Train on a standardized target; MAE is reported back in the target's own units.
         scaled = (np.array([g.target for g in data.train]) - data.target_mean) / data.target_std
         rng = np.random.default_rng(cfg.seed)
@@ -303,6 +293,18 @@ def input_nan_result(variant: str, data: Dataset, cfg: TrainConfig) -> RunResult
     """The row of a run whose data holds NaN or +-Inf: ``first_nan_where = "input"``, the
     graph in ``first_nan_layer`` and the field in ``first_nan_op``; no epoch, no step."""
     index, field = data.nonfinite_input
+    return new_result(
+        variant,
+        data,
+        cfg,
+        first_nan_where="input",
+        first_nan_layer=f"graph {index}",
+        first_nan_op=field,
+    )
+
+
+def new_result(variant: str, data: Dataset, cfg: TrainConfig, **fields: Any) -> RunResult:
+    """A run's row with its identity and settings filled in; ``fields`` add outcomes."""
     return RunResult(
         case=cfg.case,
         variant=variant,
@@ -312,10 +314,8 @@ def input_nan_result(variant: str, data: Dataset, cfg: TrainConfig) -> RunResult
         learning_rate=cfg.learning_rate,
         epochs=cfg.epochs,
         dtype=cfg.dtype,
-        first_nan_where="input",
-        first_nan_layer=f"graph {index}",
-        first_nan_op=field,
         tf_version=tf.__version__,
+        **fields,
     )
 
 

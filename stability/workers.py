@@ -13,7 +13,6 @@ a parallel sweep writes the same rows in the same order as a serial one.
 
 from __future__ import annotations
 
-import contextlib
 import importlib
 import multiprocessing
 import os
@@ -26,6 +25,7 @@ from tqdm.auto import tqdm
 
 from stability.datasets import Dataset
 from stability.errors import StabilityError
+from stability.quiet import stderr_silenced
 from stability.results import RunResult
 
 if TYPE_CHECKING:
@@ -68,7 +68,7 @@ def _start_worker(intra: int, inter: int, modules: list[str], path: list[str]) -
     """Size TensorFlow's thread pools before anything runs, then load the variants."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     sys.path[:] = path  # so that a user's --plugin module beside the case imports here too
-    with _stderr_silenced():  # as in __main__: TensorFlow's C++ start-up notices
+    with stderr_silenced():  # as in __main__: TensorFlow's C++ start-up notices
         import tensorflow as tf
 
         tf.config.threading.set_intra_op_parallelism_threads(intra)
@@ -76,19 +76,6 @@ def _start_worker(intra: int, inter: int, modules: list[str], path: list[str]) -
         tf.constant(0.0)  # start the device (and its CUDA probing) while stderr is silenced
     for module in modules:
         importlib.import_module(module)
-
-
-@contextlib.contextmanager
-def _stderr_silenced() -> Iterator[None]:
-    sys.stderr.flush()
-    saved = os.dup(2)
-    try:
-        with open(os.devnull, "w") as devnull:
-            os.dup2(devnull.fileno(), 2)
-            yield
-    finally:
-        os.dup2(saved, 2)
-        os.close(saved)
 
 
 def _train(dataset: Dataset, variant: str, config: TrainConfig) -> RunResult:
