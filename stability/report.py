@@ -17,7 +17,7 @@ from stability.limits import exp_limits
 from stability.plots import write_plots
 from stability.results import HISTORY_FIELDS, RESULT_FIELDS, RunResult
 from stability.risk import TREND_FRACTION, risk_table
-from stability.store import atomic_write_text, atomic_writer
+from stability.store import atomic_write_text
 
 
 def results_frame(results: Sequence[RunResult]) -> pd.DataFrame:
@@ -28,16 +28,9 @@ def results_frame(results: Sequence[RunResult]) -> pd.DataFrame:
 def read_results(path: str | Path) -> pd.DataFrame:
     """Read a results CSV, checking that it has the ``RESULT_FIELDS`` columns."""
     path = Path(path)
-    try:
-        frame = pd.read_csv(path)
-    except FileNotFoundError:
-        raise StabilityError(f"{path}: no such results file") from None
-    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as exc:
-        raise StabilityError(f"{path}: not a results CSV ({exc})") from None
-    missing = [c for c in RESULT_FIELDS if c not in frame.columns]
-    if missing:
-        raise StabilityError(f"{path}: not a results CSV; missing columns {', '.join(missing)}")
-    return frame
+    if not path.exists():
+        raise StabilityError(f"{path}: no such results file")
+    return _read_table(path, RESULT_FIELDS, "results")
 
 
 def history_frame(results: Sequence[RunResult]) -> pd.DataFrame:
@@ -46,23 +39,21 @@ def history_frame(results: Sequence[RunResult]) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=list(HISTORY_FIELDS))
 
 
-def write_history(results: Sequence[RunResult], path: Path) -> None:
-    with atomic_writer(path) as handle:
-        history_frame(results).to_csv(handle, index=False)
-
-
 def read_history(path: str | Path) -> pd.DataFrame | None:
     """The history CSV at ``path``, or None if there is none (a report without plots)."""
     path = Path(path)
-    if not path.exists():
-        return None
+    return _read_table(path, HISTORY_FIELDS, "history") if path.exists() else None
+
+
+def _read_table(path: Path, fields: Sequence[str], kind: str) -> pd.DataFrame:
+    """Read a CSV of ours, checking that it has ``fields``; one-line errors otherwise."""
     try:
         frame = pd.read_csv(path)
     except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as exc:
-        raise StabilityError(f"{path}: not a history CSV ({exc})") from None
-    missing = [c for c in HISTORY_FIELDS if c not in frame.columns]
+        raise StabilityError(f"{path}: not a {kind} CSV ({exc})") from None
+    missing = [c for c in fields if c not in frame.columns]
     if missing:
-        raise StabilityError(f"{path}: not a history CSV; missing columns {', '.join(missing)}")
+        raise StabilityError(f"{path}: not a {kind} CSV; missing columns {', '.join(missing)}")
     return frame
 
 

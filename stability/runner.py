@@ -38,11 +38,6 @@ def run_configs(case: Case) -> Iterator[tuple[str, TrainConfig]]:
         )
 
 
-def case_dataset(case: Case) -> Dataset:
-    """The case's first data set; every variant of the case trains on these same graphs."""
-    return case_datasets(case)[0]
-
-
 def case_datasets(case: Case) -> list[Dataset]:
     """The case's ``num_datasets`` data sets, data set k built with seed ``dataset.seed + k``,
     so the same case always gives the same data sets, shared by every variant."""
