@@ -39,6 +39,8 @@ class Case:
     epochs: int = 100
     dtype: str = field(default_factory=default_dtype)
     stop_at_nan: bool = True
+    #: Compile the training step with XLA, on batches padded to one shape per run.
+    jit_compile: bool = False
     #: Data with NaN/Inf is an error unless this is set; then each run records
     #: ``first_nan_where = "input"`` without training (never counted as a training NaN).
     allow_nonfinite_input: bool = False
@@ -88,6 +90,7 @@ _TOP_LEVEL: dict[str, tuple[Callable[[Any], bool], str]] = {
     "epochs": (_positive_int, "an integer > 0"),
     "dtype": (lambda v: v in DTYPES, f"one of {', '.join(DTYPES)}"),
     "stop_at_nan": (lambda v: isinstance(v, bool), "true or false"),
+    "jit_compile": (lambda v: isinstance(v, bool), "true or false"),
     "allow_nonfinite_input": (lambda v: isinstance(v, bool), "true or false"),
     "num_datasets": (_positive_int, "an integer > 0"),
 }

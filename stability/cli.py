@@ -100,6 +100,12 @@ def _add_run_flags(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
     parser.add_argument(
+        "--jit-compile",
+        action="store_true",
+        help="compile each run's training step with XLA, on batches padded to one shape "
+        "(the case key jit_compile); pays for long runs, see reports/bench.md",
+    )
+    parser.add_argument(
         "--workers",
         type=_positive_int,
         default=1,
@@ -191,6 +197,10 @@ def _run_cases(cases: Sequence[Case], args: argparse.Namespace) -> None:
     from stability.store import folder_lock
 
     _check_writable(args.out)
+    if args.jit_compile:
+        from dataclasses import replace
+
+        cases = [replace(case, jit_compile=True) for case in cases]
     for case in cases:
         run_case(
             case,

@@ -15,6 +15,8 @@ from stability.errors import DataError
 
 #: Names of the arrays a model receives, in the order of ``GraphBatch.as_inputs``.
 INPUT_NAMES = ("nodes", "edges", "senders", "receivers", "node_graph", "num_graphs")
+#: Extra inputs of a padded batch: which edges and graphs are real (``stability.padding``).
+MASK_NAMES = ("edge_mask", "graph_mask")
 
 
 @dataclass(frozen=True)
@@ -54,6 +56,9 @@ class GraphBatch:
         node_graph: ``[num_nodes]`` int32, the graph each node belongs to
         num_graphs: the number of graphs (some may have no nodes)
         targets: ``[num_graphs]`` the graph targets, in whatever scale the caller chose
+        edge_mask, graph_mask: ``[num_edges]`` and ``[num_graphs]`` bool, False on the
+            padding of a padded batch (``stability.padding``); None for a batch without
+            padding
     """
 
     nodes: np.ndarray
@@ -63,12 +68,21 @@ class GraphBatch:
     node_graph: np.ndarray
     num_graphs: int
     targets: np.ndarray
+    edge_mask: np.ndarray | None = None
+    graph_mask: np.ndarray | None = None
 
     def as_inputs(self) -> dict[str, np.ndarray]:
-        """The model's inputs, keyed by ``INPUT_NAMES``; ``num_graphs`` as a 0-d int32 array."""
+        """The model's inputs, keyed by ``INPUT_NAMES`` plus ``MASK_NAMES`` for a padded
+        batch; ``num_graphs`` as a 0-d int32 array."""
         inputs = {name: getattr(self, name) for name in INPUT_NAMES}
         inputs["num_graphs"] = np.asarray(self.num_graphs, np.int32)
+        if self.padded:
+            inputs.update({name: getattr(self, name) for name in MASK_NAMES})
         return inputs
+
+    @property
+    def padded(self) -> bool:
+        return self.graph_mask is not None
 
     @property
     def num_nodes(self) -> int:

@@ -69,7 +69,8 @@ class AttentionMessagePassing(keras.layers.Layer):
 
     Shapes:
         inputs: nodes ``[num_nodes, hidden]``, edge features ``[num_edges, k]``,
-            senders and receivers ``[num_edges]``.
+            senders and receivers ``[num_edges]``, and an optional ``edge_mask``
+            ``[num_edges]`` bool that is False on the padding edges of a padded batch.
         outputs: nodes ``[num_nodes, hidden]``, logits ``[num_edges, 1]``, alpha
             ``[num_edges, 1]``.
     """
@@ -109,6 +110,7 @@ class AttentionMessagePassing(keras.layers.Layer):
         edge_features: tf.Tensor,
         senders: tf.Tensor,
         receivers: tf.Tensor,
+        edge_mask: tf.Tensor | None = None,
     ) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
         num_nodes = tf.shape(nodes)[0]
         # [num_edges, hidden]
@@ -117,6 +119,11 @@ class AttentionMessagePassing(keras.layers.Layer):
         z = tf.concat([neighbors_mean, tf.cast(edge_features, nodes.dtype)], axis=-1)
         # [num_edges, 1]
         logits = self.net(z)
+        if edge_mask is not None:
+            # Padding edges (stability.padding) get a logit of 0: exp(0) = 1 can neither
+            # overflow nor vanish, so padding never makes a NaN of its own, and the where
+            # passes no gradient to the padding's logits. Real edges are untouched.
+            logits = tf.where(edge_mask[:, None], logits, tf.zeros_like(logits))
         alpha = self._softmax_fn(logits, receivers, num_nodes)
         # [num_edges, hidden]
         messages = alpha * self.message(z)

@@ -20,7 +20,9 @@ class GraphNetwork(keras.Model):
     The relu in the head matters for the harness: inside ``tf.function`` the fused
     MatMul+BiasAdd+Relu kernel maps NaN to 0, so NaN node states can leave the loss finite.
 
-    Inputs: the dict of ``GraphBatch.as_inputs()``. Output: ``[num_graphs, 2]``.
+    Inputs: the dict of ``GraphBatch.as_inputs()``. Output: ``[num_graphs, 2]``. A padded
+    batch (``stability.padding``) also carries ``edge_mask`` and ``graph_mask``; padding
+    edges then get a logit of 0 and padding graphs a prediction of 0.
     """
 
     def __init__(
@@ -84,7 +86,11 @@ class GraphNetwork(keras.Model):
         logits, alphas, states = [], [], []
         for layer in self.passes:
             nodes, logit, alpha = layer(
-                nodes, edge_features, inputs["senders"], inputs["receivers"]
+                nodes,
+                edge_features,
+                inputs["senders"],
+                inputs["receivers"],
+                edge_mask=inputs.get("edge_mask"),
             )
             logits.append(logit)
             alphas.append(alpha)
@@ -94,6 +100,12 @@ class GraphNetwork(keras.Model):
         # Under a mixed policy the head computes in float16; the loss (its exp(-log sigma))
         # gets the predictions in the weights' dtype, as Keras' mixed-precision guide advises.
         predictions = tf.cast(self.head(self.head_hidden(pooled)), self.dtype_policy.variable_dtype)
+        if "graph_mask" in inputs:
+            # A padding graph predicts (mean 0, log sigma 0) against a target of 0, so its
+            # term of the seed's loss is exactly 0 and passes no gradient.
+            predictions = tf.where(
+                inputs["graph_mask"][:, None], predictions, tf.zeros_like(predictions)
+            )
         return {"predictions": predictions, "logits": logits, "alpha": alphas, "nodes": states}
 
     def call(self, inputs: dict[str, tf.Tensor]) -> tf.Tensor:

@@ -34,6 +34,7 @@ def run_configs(case: Case) -> Iterator[tuple[str, TrainConfig]]:
                 hidden=case.hidden,
                 num_layers=case.num_layers,
                 stop_at_nan=case.stop_at_nan,
+                jit_compile=case.jit_compile,
             ),
         )
 

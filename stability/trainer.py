@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -16,6 +16,8 @@ import tensorflow as tf
 from stability.datasets import Dataset
 from stability.errors import StabilityError
 from stability.graphs import Graph, GraphBatch, batch_graphs
+from stability.padding import Budget, budget_for, pad_batch
+from stability.prefetch import prefetched
 from stability.replay import NanSite, replay_step
 from stability.results import EpochRecord, RunResult
 from stability.sentinel import all_finite, finite_flags, first_failure, nonfinite_weight_site
@@ -56,6 +58,13 @@ class TrainConfig:
     hidden: int = 32
     num_layers: int = 1
     stop_at_nan: bool = True
+    #: Compile the step with XLA; batches are then padded to one shape per run
+    #: (``stability.padding``), since XLA compiles once per shape.
+    jit_compile: bool = False
+    #: How many batches a host thread builds ahead (``stability.prefetch``); 0 builds each
+    #: batch when the step needs it. 0 by default: on this 2-core machine the thread cost
+    #: more than it saved (see reports/bench.md).
+    prefetch: int = 0
 
 
 def seed_everything(seed: int) -> None:
@@ -75,10 +84,11 @@ def forward(model: keras.Model, inputs: dict[str, tf.Tensor]) -> dict[str, Any]:
 
 
 def input_signature(
-    num_features: int, dtype: str
+    num_features: int, dtype: str, padded: bool = False
 ) -> tuple[dict[str, tf.TensorSpec], tf.TensorSpec]:
     """Specs of a ``GraphBatch``'s inputs and targets; every dimension that varies between
-    batches is ``None``, so a compiled step is traced once per run, never per batch."""
+    batches is ``None``, so a compiled step is traced once per run, never per batch.
+    ``padded`` adds the masks of a padded batch."""
     inputs = {
         "nodes": tf.TensorSpec([None, num_features], dtype),
         "edges": tf.TensorSpec([None, 1], dtype),
@@ -87,6 +97,9 @@ def input_signature(
         "node_graph": tf.TensorSpec([None], tf.int32),
         "num_graphs": tf.TensorSpec([], tf.int32),
     }
+    if padded:
+        inputs["edge_mask"] = tf.TensorSpec([None], tf.bool)
+        inputs["graph_mask"] = tf.TensorSpec([None], tf.bool)
     return inputs, tf.TensorSpec([None], dtype)
 
 
@@ -106,10 +119,10 @@ def make_train_step(
     def step(inputs: dict[str, tf.Tensor], targets: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
         with tf.GradientTape() as tape:
             out = forward(model, inputs)
-            loss = recipe.loss(targets, out["predictions"])
+            loss = _real_mean(recipe.loss(targets, out["predictions"]), inputs)
             # Regularizers (the weight_constrained variant's l2) join the optimized loss;
             # the reported loss stays the seed's robust loss.
-            total = _total_loss(recipe, targets, out["predictions"]) if model.losses else loss
+            total = loss + tf.add_n(model.losses) if model.losses else loss
         gradients = tape.gradient(total, weights)
         if recipe.gradient_transform is not None:
             gradients = recipe.gradient_transform(gradients)
@@ -191,33 +204,37 @@ class Trainer:
         started = time.perf_counter()
         recipe = self.build()
         signature = input_signature(data.num_features, storage_dtype(cfg.dtype))
+        padded = input_signature(data.num_features, storage_dtype(cfg.dtype), padded=True)
+        step_signature = padded if cfg.jit_compile else signature
         # The first failing step is always guarded, so the weights from before it survive
         # for the replay; with stop_at_nan=False the run then goes on unguarded.
-        step = make_train_step(recipe, signature, guard=True)
+        step = make_train_step(recipe, step_signature, guard=True, jit_compile=cfg.jit_compile)
         predict = make_predict(recipe.model, signature)
         val_batch = batch_graphs(data.val, dtype=storage_dtype(cfg.dtype))
         result = new_result(self.variant.name, data, cfg)
         # Train on a standardized target; MAE is reported back in the target's own units.
         scaled = (np.array([g.target for g in data.train]) - data.target_mean) / data.target_std
         rng = np.random.default_rng(cfg.seed)
+        budget = budget_for(data.train, cfg.batch_size) if cfg.jit_compile else None
         steps, step_seconds = 0, 0.0
         for epoch in range(1, cfg.epochs + 1):
             record = EpochRecord(epoch)
             epoch_stats: list[np.ndarray] = []
             tick = time.perf_counter()
             batches = _shuffled_batches(
-                data.train, scaled, cfg.batch_size, rng, storage_dtype(cfg.dtype)
+                data.train, scaled, cfg.batch_size, rng, storage_dtype(cfg.dtype), budget
             )
-            for batch in batches:
-                inputs = batch.as_inputs()
-                flags, stats = (t.numpy() for t in step(inputs, batch.targets))
+            for batch, fed in prefetched(batches, cfg.prefetch):
+                flags, stats = (t.numpy() for t in step(fed.as_inputs(), fed.targets))
                 steps += 1
                 if not flags.all() and not result.hit_nan:
                     self._record_first_nan(result, flags, epoch, steps, batch)
                     if not cfg.stop_at_nan:
                         # Apply the failing update as an unguarded loop would, and go on so.
-                        step = make_train_step(recipe, signature, guard=False)
-                        flags, stats = (t.numpy() for t in step(inputs, batch.targets))
+                        step = make_train_step(
+                            recipe, step_signature, guard=False, jit_compile=cfg.jit_compile
+                        )
+                        flags, stats = (t.numpy() for t in step(fed.as_inputs(), fed.targets))
                 epoch_stats.append(stats)
                 if not flags[1] and result.loss_nan_epoch is None:
                     result.loss_nan_epoch = epoch
@@ -279,6 +296,19 @@ class Trainer:
         result.steps_per_second = steps / seconds if seconds > 0 else 0.0
 
 
+def _real_mean(loss: tf.Tensor, inputs: dict[str, tf.Tensor]) -> tf.Tensor:
+    """A batch-mean ``loss`` as the mean over the real graphs of a padded batch.
+
+    The loss is a mean over all graphs, and a padding graph's term is exactly 0 (see
+    ``GraphNetwork.forward``), so scaling by all graphs over the real ones gives the real
+    graphs' mean. A batch without padding is returned as it is.
+    """
+    if "graph_mask" not in inputs:
+        return loss
+    mask = tf.cast(inputs["graph_mask"], loss.dtype)
+    return loss * (tf.cast(tf.size(mask), loss.dtype) / tf.reduce_sum(mask))
+
+
 def _total_loss(recipe: Recipe, targets: Any, predictions: tf.Tensor) -> tf.Tensor:
     """The optimized loss: the variant's loss plus the model's regularization losses."""
     loss = recipe.loss(targets, predictions)
@@ -320,12 +350,22 @@ def new_result(variant: str, data: Dataset, cfg: TrainConfig, **fields: Any) -> 
 
 
 def _shuffled_batches(
-    graphs: list[Graph], targets: np.ndarray, batch_size: int, rng: np.random.Generator, dtype: str
-):
+    graphs: list[Graph],
+    targets: np.ndarray,
+    batch_size: int,
+    rng: np.random.Generator,
+    dtype: str,
+    budget: Budget | None = None,
+) -> Iterator[tuple[GraphBatch, GraphBatch]]:
+    """One epoch of (batch, what the step is fed): the batch itself, or padded to ``budget``.
+
+    The replay of a failing step takes the batch without padding.
+    """
     order = rng.permutation(len(graphs))
     for start in range(0, len(order), batch_size):
         chosen = order[start : start + batch_size]
-        yield batch_graphs([graphs[i] for i in chosen], targets=targets[chosen], dtype=dtype)
+        batch = batch_graphs([graphs[i] for i in chosen], targets=targets[chosen], dtype=dtype)
+        yield batch, batch if budget is None else pad_batch(batch, budget)
 
 
 def _summarize_epoch(record: EpochRecord, stats: list[np.ndarray]) -> None:

@@ -23,7 +23,7 @@ def test_defaults_fill_in():
     case = parse_case(TINY_CASE)
     assert case.variants == ("raw_e", "stable_softmax")
     assert case.dataset_params == {"num_graphs": 48, "min_nodes": 3, "max_nodes": 7}
-    assert case.dtype == default_dtype() and case.stop_at_nan
+    assert case.dtype == default_dtype() and case.stop_at_nan and not case.jit_compile
 
 
 @pytest.mark.parametrize(
@@ -47,6 +47,7 @@ def test_defaults_fill_in():
         pytest.param("[dataset]\nnum_graph = 5", "Did you mean dataset.'num_graphs'?", id="ds-key"),
         pytest.param('[dataset]\nnum_graphs = "many"', "expected a int", id="ds-type"),
         pytest.param('stop_at_nan = "yes"', "expected true or false", id="bool"),
+        pytest.param("jit_compile = 1", "jit_compile = 1 is not valid; expected true or", id="jit"),
     ],
 )
 def test_malformed_case_gets_a_one_line_message(text, message):

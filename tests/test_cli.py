@@ -50,6 +50,20 @@ def test_run_writes_csv_history_and_markdown(case_file, tmp_path):
     assert (tmp_path / "md" / "tiny.md").read_text() == markdown, "report must follow the CSV"
 
 
+def test_jit_compile_flag_trains_with_xla_and_matches_the_plain_rows(case_file, tmp_path):
+    outs = {}
+    for flags in ([], ["--jit-compile"]):
+        out = tmp_path / ("jit" if flags else "plain")
+        args = ["run", str(case_file), "--out", str(out), "--no-progress", *flags]
+        done = stability(*args, cwd=tmp_path)
+        assert done.returncode == 0, done.stderr
+        outs[bool(flags)] = pd.read_csv(out / "tiny.csv")
+    jit, plain = outs[True], outs[False]
+    assert list(jit["variant"]) == list(plain["variant"])
+    # XLA fuses ops on padded batches: the same runs, up to the last bits of float32.
+    pd.testing.assert_series_equal(jit["best_mae"], plain["best_mae"], rtol=1e-4)
+
+
 def test_list_prints_every_variant(tmp_path):
     done = stability("list", cwd=tmp_path)
     assert done.returncode == 0
