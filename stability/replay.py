@@ -7,7 +7,11 @@ batch, and replays the step once with TensorFlow's own per-op check
 the replay, and its name scope tells the Keras layer, its type the op.
 
 The replay is traced afresh (check ops are added at trace time) and never with XLA, where
-those check ops are not supported.
+those check ops are not supported. XLA rewrites arithmetic (it turns the softmax
+gradient's ``(-x / y) / y`` into ``-x / (y * y)``, which underflows at half the logit), so
+a step may fail under XLA only. ``xla_gradient_site`` then names the layer, not the op:
+it recomputes the step's gradients under XLA and reports the weights they went
+non-finite for.
 """
 
 from __future__ import annotations
@@ -73,6 +77,39 @@ def replay_step(
     finally:
         tf.debugging.disable_check_numerics()
     return None
+
+
+#: ``NanSite.op`` of a failure that only XLA's arithmetic makes (see the module docstring).
+XLA_ONLY = "XLA only (finite without XLA)"
+
+
+def xla_gradient_site(
+    model: keras.Model,
+    compute_loss: Callable[[Any], tf.Tensor],
+    inputs: Any,
+    gradient_transform: Callable[[list[tf.Tensor]], list[tf.Tensor]] | None = None,
+) -> NanSite | None:
+    """Recompute one step's gradients under XLA; name the layer of the non-finite ones.
+
+    Of the weights whose gradient is not finite, the one created last is taken: in a model
+    built input to output, that is the layer nearest the loss, where the backward pass first
+    met the bad value. Returns None if the gradients are finite under XLA as well.
+    """
+    weights = model.trainable_variables
+
+    def finite_gradients(batch: Any) -> tf.Tensor:
+        with tf.GradientTape() as tape:
+            loss = compute_loss(_predict(model, batch))
+        gradients = tape.gradient(loss, weights)
+        if gradient_transform is not None:
+            gradients = gradient_transform(gradients)
+        return tf.stack([tf.reduce_all(tf.math.is_finite(g)) for g in gradients])
+
+    finite = tf.function(finite_gradients, jit_compile=True)(inputs).numpy()
+    bad = [w.path for w, ok in zip(weights, finite, strict=True) if not ok]
+    if not bad:
+        return None
+    return NanSite("gradient", bad[-1].rsplit("/", 1)[0], XLA_ONLY)
 
 
 def _predict(model: keras.Model, batch: Any) -> tf.Tensor:

@@ -18,7 +18,7 @@ from stability.errors import StabilityError
 from stability.graphs import Graph, GraphBatch, batch_graphs
 from stability.padding import Budget, budget_for, pad_batch
 from stability.prefetch import prefetched
-from stability.replay import NanSite, replay_step
+from stability.replay import NanSite, replay_step, xla_gradient_site
 from stability.results import EpochRecord, RunResult
 from stability.sentinel import all_finite, finite_flags, first_failure, nonfinite_weight_site
 from stability.variants import BuildContext, Recipe, Variant
@@ -228,7 +228,7 @@ class Trainer:
                 flags, stats = (t.numpy() for t in step(fed.as_inputs(), fed.targets))
                 steps += 1
                 if not flags.all() and not result.hit_nan:
-                    self._record_first_nan(result, flags, epoch, steps, batch)
+                    self._record_first_nan(result, flags, epoch, steps, (batch, fed))
                     if not cfg.stop_at_nan:
                         # Apply the failing update as an unguarded loop would, and go on so.
                         step = make_train_step(
@@ -252,10 +252,19 @@ class Trainer:
         return result
 
     def _record_first_nan(
-        self, result: RunResult, flags: np.ndarray, epoch: int, steps: int, batch: GraphBatch
+        self,
+        result: RunResult,
+        flags: np.ndarray,
+        epoch: int,
+        steps: int,
+        batches: tuple[GraphBatch, GraphBatch],
     ) -> None:
-        """Fill the ``first_nan_*`` fields; replay the step to name the layer and op."""
+        """Fill the ``first_nan_*`` fields; replay the step to name the layer and op.
+
+        ``batches`` is the batch and what the step was fed (the batch padded, under XLA).
+        """
         recipe = self.recipe
+        batch, fed = batches
         result.first_nan_epoch, result.first_nan_step = epoch, steps
         stage = first_failure(flags)
         if stage == "weights":  # finite gradients, but the update wrote a non-finite weight
@@ -265,6 +274,14 @@ class Trainer:
                 recipe.model,
                 lambda predictions: _total_loss(recipe, batch.targets, predictions),
                 _as_tensors(batch.as_inputs()),
+                recipe.gradient_transform,
+            )
+        if site is None and self.config.jit_compile and stage == "gradient":
+            inputs = _as_tensors(fed.as_inputs())
+            site = xla_gradient_site(
+                recipe.model,
+                lambda predictions: _total_loss(recipe, fed.targets, predictions, inputs),
+                inputs,
                 recipe.gradient_transform,
             )
         # A replay that stayed finite would contradict the check; report what it saw.
@@ -309,9 +326,14 @@ def _real_mean(loss: tf.Tensor, inputs: dict[str, tf.Tensor]) -> tf.Tensor:
     return loss * (tf.cast(tf.size(mask), loss.dtype) / tf.reduce_sum(mask))
 
 
-def _total_loss(recipe: Recipe, targets: Any, predictions: tf.Tensor) -> tf.Tensor:
-    """The optimized loss: the variant's loss plus the model's regularization losses."""
+def _total_loss(
+    recipe: Recipe, targets: Any, predictions: tf.Tensor, inputs: dict | None = None
+) -> tf.Tensor:
+    """The optimized loss: the variant's loss (over the real graphs of padded ``inputs``)
+    plus the model's regularization losses."""
     loss = recipe.loss(targets, predictions)
+    if inputs is not None:
+        loss = _real_mean(loss, inputs)
     return loss + tf.add_n(recipe.model.losses) if recipe.model.losses else loss
 
 

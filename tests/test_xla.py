@@ -1,0 +1,85 @@
+"""What XLA does to the naive softmax, and how a run under jit_compile names it.
+
+Measured on the machine that runs the tests: XLA rewrites the division's gradient
+``(-x / y) / y`` as ``-x / (y * y)``, so once every logit into a node is below
+ln(float32's smallest normal) / 2 = -43.67, ``y * y`` flushes to 0 and the gradient is
+-inf, while TensorFlow without XLA stays finite down to the forward pass's own limit,
+-87.34. The same rewrite makes the gradient wrong, but finite, above +44.36.
+"""
+
+import math
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from stability.replay import XLA_ONLY
+from stability.softmax import naive_segment_softmax
+from stability.trainer import TrainConfig, Trainer
+from stability.variants import Variant, create_recipe
+
+RECEIVERS = tf.constant([0, 0, 1, 1])
+WEIGHTS = tf.constant([[1.0], [2.0], [3.0], [4.0]])
+#: Half of float32's flush-to-zero line for exp: where y * y leaves the normal range.
+HALF_LINE = math.log(np.finfo(np.float32).tiny) / 2
+
+
+def softmax_gradient(logits):
+    with tf.GradientTape() as tape:
+        tape.watch(logits)
+        loss = tf.reduce_sum(naive_segment_softmax(logits, RECEIVERS, 2) * WEIGHTS)
+    return tape.gradient(loss, logits)
+
+
+def gradient(logit, jit_compile):
+    """The gradient for node 0 with logits (logit, logit - 1); node 1 is ordinary."""
+    logits = tf.constant([[logit], [logit - 1.0], [0.0], [1.0]])
+    return tf.function(softmax_gradient, jit_compile=jit_compile)(logits).numpy()[:2, 0]
+
+
+@pytest.mark.parametrize("logit", [HALF_LINE - 2.0, -60.0, -80.0])
+def test_below_half_the_line_the_gradient_is_finite_without_xla_and_not_with_it(logit):
+    plain = gradient(logit, jit_compile=False)
+    assert np.isfinite(plain).all(), f"no XLA at {logit}: {plain}"
+    np.testing.assert_allclose(plain, gradient(0.0, jit_compile=False), rtol=1e-4)
+    xla = gradient(logit, jit_compile=True)
+    assert not np.isfinite(xla).all(), f"XLA stayed finite at {logit}: {xla}"
+
+
+def test_above_half_the_line_xla_agrees():
+    """Guards the test above: XLA's gradient is right where y * y is still normal."""
+    logit = HALF_LINE + 2.0
+    np.testing.assert_allclose(
+        gradient(logit, jit_compile=True), gradient(logit, jit_compile=False), rtol=1e-4
+    )
+
+
+def low_logits(ctx):
+    """Every attention logit is -60: the forward pass and the gradient without XLA are
+    finite, the gradient under XLA is not."""
+    recipe = create_recipe(ctx)
+    net = recipe.model.passes[0].net
+    net.kernel.assign(np.zeros(net.kernel.shape, np.float32))
+    net.bias.assign([-60.0])
+    return recipe
+
+
+def first_step(dataset, jit_compile):
+    config = TrainConfig(
+        seed=0, batch_size=16, epochs=1, hidden=8, dtype="float32", jit_compile=jit_compile
+    )
+    return Trainer(Variant("low_logits", "test-only", low_logits), dataset, config).run()
+
+
+def test_a_jit_run_names_the_layer_of_a_failure_only_xla_makes(tiny_dataset):
+    result = first_step(tiny_dataset, jit_compile=True)
+    assert (result.first_nan_epoch, result.first_nan_step) == (1, 1)
+    assert result.first_nan_where == "gradient"
+    assert result.first_nan_layer.endswith("message_passing_0/net")
+    assert result.first_nan_op == XLA_ONLY
+
+
+def test_the_same_plant_without_xla_trains_on(tiny_dataset):
+    """Guards the test above: the failure is XLA's, not the plant's."""
+    result = first_step(tiny_dataset, jit_compile=False)
+    assert result.first_nan_step is None or result.first_nan_step > 1
