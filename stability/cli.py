@@ -214,8 +214,21 @@ def _run_cases(cases: Sequence[Case], args: argparse.Namespace) -> None:
         with folder_lock(args.out):
             frame = read_results(args.out / f"{case.name}.csv")
             history = read_history(args.out / f"{case.name}.history.csv")
-            path = write_reports(frame, args.out, case.name, case.description, history)
+            path = write_reports(frame, args.out, case.name, _description(case), history)
         print(f"wrote {args.out / (case.name + '.csv')} and {path}")
+
+
+#: The note a report of a case trained under XLA opens with: its rows do not say so.
+XLA_NOTE = (
+    "Trained with `jit_compile` (XLA) on padded batches. XLA rewrites arithmetic: the naive "
+    "softmax's gradient fails once a node's logits are all below -43.67, half of the "
+    "-87.34 where it fails without XLA (README, Speed), so these rows are not comparable "
+    "with a run without XLA."
+)
+
+
+def _description(case: Case) -> str:
+    return f"{XLA_NOTE}\n\n{case.description}" if case.jit_compile else case.description
 
 
 def _check_writable(out: Path) -> None:

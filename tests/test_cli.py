@@ -59,6 +59,8 @@ def test_jit_compile_flag_trains_with_xla_and_matches_the_plain_rows(case_file, 
         assert done.returncode == 0, done.stderr
         outs[bool(flags)] = pd.read_csv(out / "tiny.csv")
     jit, plain = outs[True], outs[False]
+    assert "Trained with `jit_compile` (XLA)" in (tmp_path / "jit" / "tiny.md").read_text()
+    assert "jit_compile" not in (tmp_path / "plain" / "tiny.md").read_text()
     assert list(jit["variant"]) == list(plain["variant"])
     # XLA fuses ops on padded batches: the same runs, up to the last bits of float32.
     pd.testing.assert_series_equal(jit["best_mae"], plain["best_mae"], rtol=1e-4)
