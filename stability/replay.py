@@ -91,25 +91,30 @@ def xla_gradient_site(
 ) -> NanSite | None:
     """Recompute one step's gradients under XLA; name the layer of the non-finite ones.
 
+    The gradients are checked as the backward pass left them, before any
+    ``gradient_transform``: a global-norm clip turns one non-finite gradient into all of them.
     Of the weights whose gradient is not finite, the one created last is taken: in a model
     built input to output, that is the layer nearest the loss, where the backward pass first
-    met the bad value. Returns None if the gradients are finite under XLA as well.
+    met the bad value. If only the transform's output is not finite, the layer is None.
+    Returns None if the gradients are finite under XLA as well.
     """
     weights = model.trainable_variables
 
-    def finite_gradients(batch: Any) -> tf.Tensor:
+    def finite_gradients(batch: Any) -> tuple[tf.Tensor, tf.Tensor]:
         with tf.GradientTape() as tape:
             loss = compute_loss(_predict(model, batch))
-        gradients = tape.gradient(loss, weights)
-        if gradient_transform is not None:
-            gradients = gradient_transform(gradients)
-        return tf.stack([tf.reduce_all(tf.math.is_finite(g)) for g in gradients])
+        raw = tape.gradient(loss, weights)
+        final = gradient_transform(raw) if gradient_transform is not None else raw
+        return (
+            tf.stack([tf.reduce_all(tf.math.is_finite(g)) for g in raw]),
+            tf.reduce_all([tf.reduce_all(tf.math.is_finite(g)) for g in final]),
+        )
 
-    finite = tf.function(finite_gradients, jit_compile=True)(inputs).numpy()
-    bad = [w.path for w, ok in zip(weights, finite, strict=True) if not ok]
-    if not bad:
-        return None
-    return NanSite("gradient", bad[-1].rsplit("/", 1)[0], XLA_ONLY)
+    raw_finite, final_finite = tf.function(finite_gradients, jit_compile=True)(inputs)
+    bad = [w.path for w, ok in zip(weights, raw_finite.numpy(), strict=True) if not ok]
+    if bad:
+        return NanSite("gradient", bad[-1].rsplit("/", 1)[0], XLA_ONLY)
+    return None if final_finite.numpy() else NanSite("gradient", None, XLA_ONLY)
 
 
 def _predict(model: keras.Model, batch: Any) -> tf.Tensor:

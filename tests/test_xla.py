@@ -16,7 +16,7 @@ import tensorflow as tf
 from stability.replay import XLA_ONLY
 from stability.softmax import naive_segment_softmax
 from stability.trainer import TrainConfig, Trainer
-from stability.variants import Variant, create_recipe
+from stability.variants import Variant, create_recipe, get_variant
 
 RECEIVERS = tf.constant([0, 0, 1, 1])
 WEIGHTS = tf.constant([[1.0], [2.0], [3.0], [4.0]])
@@ -64,15 +64,25 @@ def low_logits(ctx):
     return recipe
 
 
-def first_step(dataset, jit_compile):
+def clipped_low_logits(ctx):
+    """``low_logits`` with grad_clip's transform, which spreads one bad gradient to all."""
+    recipe = get_variant("grad_clip").build(ctx)
+    net = recipe.model.passes[0].net
+    net.kernel.assign(np.zeros(net.kernel.shape, np.float32))
+    net.bias.assign([-60.0])
+    return recipe
+
+
+def first_step(dataset, jit_compile, build=low_logits):
     config = TrainConfig(
         seed=0, batch_size=16, epochs=1, hidden=8, dtype="float32", jit_compile=jit_compile
     )
-    return Trainer(Variant("low_logits", "test-only", low_logits), dataset, config).run()
+    return Trainer(Variant("planted", "test-only", build), dataset, config).run()
 
 
-def test_a_jit_run_names_the_layer_of_a_failure_only_xla_makes(tiny_dataset):
-    result = first_step(tiny_dataset, jit_compile=True)
+@pytest.mark.parametrize("build", [low_logits, clipped_low_logits])
+def test_a_jit_run_names_the_layer_of_a_failure_only_xla_makes(build, tiny_dataset):
+    result = first_step(tiny_dataset, jit_compile=True, build=build)
     assert (result.first_nan_epoch, result.first_nan_step) == (1, 1)
     assert result.first_nan_where == "gradient"
     assert result.first_nan_layer.endswith("message_passing_0/net")
