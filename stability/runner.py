@@ -66,7 +66,9 @@ def run_case(
     sweep keeps what it finished. With ``resume``, runs already in the CSV are skipped
     (and not returned); with ``overwrite``, an existing CSV's rows are discarded.
     ``workers > 1`` trains that many runs at once in worker processes; the rows and their
-    order stay those of a serial sweep (timing columns aside)."""
+    order stay those of a serial sweep (timing columns aside). A ``jit_compile`` case
+    always trains in workers of one thread each, so that its rows do not depend on
+    ``workers`` either (``stability.workers``)."""
     datasets = case_datasets(case)
     store = None
     if out_dir is not None:
@@ -78,11 +80,15 @@ def run_case(
         for variant, config in run_configs(case)
         if store is None or _key(variant, config, dataset) not in store.done
     ]
-    if workers > 1:
-        from stability.workers import run_in_workers
+    if workers > 1 or case.jit_compile:
+        from stability.workers import XLA_THREADS, run_in_workers
 
         on_result = store.add if store is not None else None
-        results = run_in_workers(configs, workers, progress, on_result, desc=case.name)
+        # XLA's results depend on its thread count: pin it, whatever --workers is.
+        threads = XLA_THREADS if case.jit_compile else None
+        results = run_in_workers(
+            configs, workers, progress, on_result, desc=case.name, intra_threads=threads
+        )
         if store is not None:
             store.finish()
         return results

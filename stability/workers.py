@@ -9,6 +9,11 @@ small gains little from intra-op threads, and oversubscription costs a lot).
 
 Results come back in the order of the configs given, whatever order the runs finish in, so
 a parallel sweep writes the same rows in the same order as a serial one.
+
+Runs under ``jit_compile`` always train here, on ``XLA_THREADS`` intra-op thread each, even
+with one worker: XLA splits its loops by the number of threads, so its results depend on
+it (raw_e on the seed case, seed 1: first NaN at step 2754 on 2 threads, 2806 on 1).
+Without XLA, TensorFlow's deterministic ops give the same rows on any number of threads.
 """
 
 from __future__ import annotations
@@ -35,6 +40,10 @@ if TYPE_CHECKING:
 
 #: (data set, variant name, config) of one run, as ``runner.run_case`` lists them.
 RunConfig = tuple[Dataset, str, "TrainConfig"]
+
+
+#: Intra-op threads of a worker that trains runs under XLA (see the module docstring).
+XLA_THREADS = 1
 
 
 def thread_counts(workers: int, cores: int | None = None) -> tuple[int, int]:
@@ -91,13 +100,16 @@ def run_in_workers(
     progress: bool = True,
     on_result: Callable[[RunResult], None] | None = None,
     desc: str = "runs",
+    intra_threads: int | None = None,
 ) -> list[RunResult]:
     """Train every run of ``configs`` in ``workers`` processes.
 
     Returns the results in the order of ``configs``; ``on_result`` sees each one in that
-    order as soon as it and every run before it have finished.
+    order as soon as it and every run before it have finished. ``intra_threads`` overrides
+    each worker's share of the cores (``thread_counts``).
     """
     intra, inter = thread_counts(workers)
+    intra = intra_threads or intra
     modules = variant_modules([variant for _, variant, _ in configs])
     context = multiprocessing.get_context("spawn")
     results: list[RunResult] = []
