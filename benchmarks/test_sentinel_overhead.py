@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import NOTES, record
+from conftest import NOTES, interleave, record_samples
 
 from stability.datasets import load_dataset
 from stability.graphs import batch_graphs
@@ -64,29 +64,22 @@ def run_epoch(step, batches):
         tf.nest.map_structure(lambda t: t.numpy(), step(inputs, targets))
 
 
-def bench(benchmark, step, batches, way):
-    run_epoch(step, batches)  # trace outside the timed rounds
-    benchmark.pedantic(run_epoch, args=(step, batches), rounds=30, warmup_rounds=2)
-    record(SECTION, way, benchmark, STEPS)
-
-
-@pytest.mark.benchmark(group="sentinel")
-def test_plain(benchmark, setup):
+def test_sentinel_overhead(setup):
+    """The three ways take turns, round by round, so that load falls on each alike."""
     recipe, signature, batches = setup
-    bench(benchmark, plain_step(recipe, signature), batches, "plain")
-
-
-@pytest.mark.benchmark(group="sentinel")
-def test_sentinel(benchmark, setup):
-    recipe, signature, batches = setup
-    bench(benchmark, make_train_step(recipe, signature, guard=True), batches, "sentinel")
-
-
-@pytest.mark.benchmark(group="sentinel")
-def test_check_numerics(benchmark, setup):
-    recipe, signature, batches = setup
+    ways = {
+        "plain": plain_step(recipe, signature),
+        "sentinel": make_train_step(recipe, signature, guard=True),
+    }
+    for step in ways.values():
+        run_epoch(step, batches)  # trace outside the timed rounds
+    # check_numerics instruments ops when they are traced, so only this step gets them.
     tf.debugging.enable_check_numerics()
     try:
-        bench(benchmark, plain_step(recipe, signature), batches, "check_numerics")
+        ways["check_numerics"] = plain_step(recipe, signature)
+        run_epoch(ways["check_numerics"], batches)
     finally:
         tf.debugging.disable_check_numerics()
+    seconds = interleave({name: (run_epoch, (step, batches)) for name, step in ways.items()}, 30)
+    for name, samples in seconds.items():
+        record_samples(SECTION, name, samples, STEPS)

@@ -6,19 +6,24 @@ from other work on the machine falls on every way alike.
 """
 
 import os
-import re
 import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
+
 import keras
 import numpy as np
 import pandas as pd
 import pytest
 import tensorflow as tf
-from conftest import NOTES, record_samples
+import tomli_w
+from conftest import NOTES, interleave, record_samples, timed
 
 from stability.datasets import load_dataset
 from stability.graphs import batch_graphs
@@ -58,20 +63,6 @@ def trainer_epoch(step, batches):
     for batch in batches:
         for tensor in step(batch.as_inputs(), batch.targets):
             tensor.numpy()
-
-
-def timed(fn, *args):
-    started = time.perf_counter()
-    fn(*args)
-    return time.perf_counter() - started
-
-
-def interleave(ways: dict, rounds: int) -> dict[str, list[float]]:
-    seconds = {name: [] for name in ways}
-    for _ in range(rounds):
-        for name, (fn, args) in ways.items():
-            seconds[name].append(timed(fn, *args))
-    return seconds
 
 
 # --- the trainer against keras.Model.fit -------------------------------------------------
@@ -169,28 +160,37 @@ def test_jit_compile_per_step(data):
     )
 
 
-def whole_run(data, jit_compile, epochs=RUN_EPOCHS):
-    config = TrainConfig(
-        seed=0, batch_size=BATCH, learning_rate=1e-2, epochs=epochs, jit_compile=jit_compile
+def seed_case_file(tmp_path: Path, name: str, **changes) -> Path:
+    """cases/seed.toml with ``changes`` to its top-level keys, written as ``name``.toml."""
+    doc = tomllib.loads((ROOT / "cases" / "seed.toml").read_text())
+    path = tmp_path / f"{name}.toml"
+    path.write_text(tomli_w.dumps({**doc, "name": name, **changes}))
+    return path
+
+
+def test_jit_compile_whole_run(tmp_path):
+    case = seed_case_file(
+        tmp_path, "whole", variants=["stable_softmax"], seeds=[0], epochs=RUN_EPOCHS
     )
-    return Trainer(get_variant("stable_softmax"), data, config).run()
-
-
-def test_jit_compile_whole_run(data):
     seconds, maes = {"no jit": [], "jit_compile": []}, {}
-    for _ in range(2):
+    for round_ in range(2):
         for name in seconds:
-            result = whole_run(data, jit_compile=name == "jit_compile")
-            seconds[name].append(result.wall_seconds)
-            maes[name] = result.final_mae
+            out = tmp_path / f"{name}-{round_}"
+            flags = ["--jit-compile"] if name == "jit_compile" else []
+            wall, _ = run_sweep(case, out, workers=1, flags=flags)
+            seconds[name].append(wall)
+            maes[name] = float(pd.read_csv(out / "whole.csv")["final_mae"].iloc[0])
     for name, samples in seconds.items():
         record_samples(JIT_RUN, name, samples, 1, unit="s per run", **{"final MAE": maes[name]})
     NOTES[JIT_RUN] = (
-        f"`Trainer.run` of `stable_softmax` (no NaN, so every run trains all {RUN_EPOCHS} "
-        f"epochs) on the seed case's data set, batch {BATCH}, learning rate 1e-2, seed 0: "
-        "the wall time of the whole run, compile, padding and the per-epoch validation "
-        "included. The final MAE shows what XLA's fused float32 arithmetic does to the "
-        "result."
+        "`python -m stability run WHOLE.toml [--jit-compile]`, where WHOLE.toml is "
+        f"cases/seed.toml cut to `stable_softmax` (no NaN, so the run trains all "
+        f"{RUN_EPOCHS} epochs), seed 0: one run, timed from start to exit (TensorFlow's "
+        "import, the data set, the compile, padding and the per-epoch validation included). "
+        "Without XLA the run trains in the main process on both cores; with it, in one "
+        "worker process on one intra-op thread, because XLA's results depend on its thread "
+        "count (`stability/workers.py`). The final MAE shows what XLA's arithmetic does to "
+        "the result."
     )
 
 
@@ -260,15 +260,10 @@ TIME = "/usr/bin/time"
 
 
 def sweep_case(tmp_path: Path) -> Path:
-    text = (ROOT / "cases" / "seed.toml").read_text()
-    text, found = re.subn(r"(?m)^epochs = \d+$", f"epochs = {SWEEP_EPOCHS}", text)
-    assert found == 1, "cases/seed.toml has no `epochs = N` line"
-    path = tmp_path / "sweep.toml"
-    path.write_text(text)
-    return path
+    return seed_case_file(tmp_path, "sweep", epochs=SWEEP_EPOCHS)
 
 
-def run_sweep(case: Path, out: Path, workers: int) -> tuple[float, float]:
+def run_sweep(case: Path, out: Path, workers: int, flags: tuple = ()) -> tuple[float, float]:
     """Wall seconds and peak RSS (MB, the largest process) of one sweep in a subprocess.
 
     The peak comes from `/usr/bin/time -f %M`, not from ``os.wait4`` here: Linux starts a
@@ -276,7 +271,7 @@ def run_sweep(case: Path, out: Path, workers: int) -> tuple[float, float]:
     """
     env = {**os.environ, "PYTHONPATH": str(ROOT), "TF_CPP_MIN_LOG_LEVEL": "2"}
     command = [TIME, "-f", "%M", sys.executable, "-m", "stability", "run", str(case)]
-    command += ["--out", str(out), "--no-progress", "--workers", str(workers)]
+    command += ["--out", str(out), "--no-progress", "--workers", str(workers), *flags]
     started = time.perf_counter()
     done = subprocess.run(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     seconds = time.perf_counter() - started

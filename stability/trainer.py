@@ -62,8 +62,8 @@ class TrainConfig:
     #: (``stability.padding``), since XLA compiles once per shape.
     jit_compile: bool = False
     #: How many batches a host thread builds ahead (``stability.prefetch``); 0 builds each
-    #: batch when the step needs it. 0 by default: on this 2-core machine the thread cost
-    #: more than it saved (see reports/bench.md).
+    #: batch when the step needs it. 0 by default: the thread needs a free core, and a
+    #: sweep with --workers 2 on 2 cores leaves none (README, "Host-side prefetch").
     prefetch: int = 0
 
 

@@ -4,7 +4,7 @@ Measured on the machine that runs the tests: XLA rewrites the division's gradien
 ``(-x / y) / y`` as ``-x / (y * y)``, so once every logit into a node is below
 ln(float32's smallest normal) / 2 = -43.67, ``y * y`` flushes to 0 and the gradient is
 -inf, while TensorFlow without XLA stays finite down to the forward pass's own limit,
--87.34. The same rewrite makes the gradient wrong, but finite, above +44.36.
+-87.34. Above ln(float32 max) / 2 = +44.36 the same rewrite makes it wrong, but finite.
 """
 
 import math
@@ -93,3 +93,18 @@ def test_the_same_plant_without_xla_trains_on(tiny_dataset):
     """Guards the test above: the failure is XLA's, not the plant's."""
     result = first_step(tiny_dataset, jit_compile=False)
     assert result.first_nan_step is None or result.first_nan_step > 1
+
+
+#: Where y * y overflows float32: ln(sqrt(float32 max)) = 44.36.
+OVERFLOW_HALF_LINE = math.log(np.finfo(np.float32).max) / 2
+
+
+def test_above_half_the_overflow_line_xla_is_finite_but_wrong():
+    """y * y overflows to inf, so -x / (y * y) is 0 instead of the true term: no NaN to see.
+    The softmax does not see a shift of every logit, so the true gradient is the one at 0."""
+    logit = OVERFLOW_HALF_LINE + 4.0
+    truth = gradient(0.0, jit_compile=False)
+    np.testing.assert_allclose(gradient(logit, jit_compile=False), truth, rtol=1e-4)
+    xla = gradient(logit, jit_compile=True)
+    assert np.isfinite(xla).all()
+    assert np.abs(xla - truth).max() > 0.1, f"XLA's gradient {xla} is right at {logit}"
