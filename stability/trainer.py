@@ -225,8 +225,10 @@ class Trainer:
         started = time.perf_counter()
         recipe = self.build()
         signature = input_signature(data.num_features, storage_dtype(cfg.dtype))
-        padded = input_signature(data.num_features, storage_dtype(cfg.dtype), padded=True)
-        step_signature = padded if cfg.jit_compile else signature
+        # Under XLA the step takes padded batches (stability.padding); validation never does.
+        step_signature = input_signature(
+            data.num_features, storage_dtype(cfg.dtype), padded=cfg.jit_compile
+        )
         # The first failing step is always guarded, so the weights from before it survive
         # for the replay; with stop_at_nan=False the run then goes on unguarded.
         step = make_train_step(recipe, step_signature, guard=True, jit_compile=cfg.jit_compile)
