@@ -223,7 +223,7 @@ XLA_NOTE = (
     "Trained with `jit_compile` (XLA) on padded batches. XLA rewrites arithmetic: the naive "
     "softmax's gradient fails once a node's logits are all below -43.67, half of the "
     "-87.34 where it fails without XLA (README, Speed), so these rows are not comparable "
-    "with a run without XLA."
+    "with a run without XLA. The Risk lines and plots below still draw the limits without XLA."
 )
 
 
@@ -263,7 +263,7 @@ def _report(args: argparse.Namespace) -> int:
     if args.case is not None:
         from stability.cases import load_case
 
-        description = load_case(args.case).description
+        description = _description(load_case(args.case))
     path = write_reports(frame, args.out or args.csv.parent, case, description, history)
     print(f"wrote {path}")
     return 0

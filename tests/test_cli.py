@@ -61,6 +61,15 @@ def test_jit_compile_flag_trains_with_xla_and_matches_the_plain_rows(case_file, 
     jit, plain = outs[True], outs[False]
     assert "Trained with `jit_compile` (XLA)" in (tmp_path / "jit" / "tiny.md").read_text()
     assert "jit_compile" not in (tmp_path / "plain" / "tiny.md").read_text()
+    # `report --case` of a jit case keeps the note.
+    case_file.write_text(
+        case_file.read_text().replace("epochs = 2", "epochs = 2\njit_compile = true")
+    )
+    again = stability(
+        "report", str(tmp_path / "jit" / "tiny.csv"), "--case", str(case_file), cwd=tmp_path
+    )
+    assert again.returncode == 0, again.stderr
+    assert "Trained with `jit_compile` (XLA)" in (tmp_path / "jit" / "tiny.md").read_text()
     assert list(jit["variant"]) == list(plain["variant"])
     # XLA fuses ops on padded batches: the same runs, up to the last bits of float32.
     pd.testing.assert_series_equal(jit["best_mae"], plain["best_mae"], rtol=1e-4)
