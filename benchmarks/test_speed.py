@@ -156,7 +156,9 @@ def test_jit_compile_per_step(data):
         f"{budget.graphs} graphs: {budget.edges / edges:.2f}x the mean batch's {edges:.0f} "
         "edges; `stability/padding.py`); *no jit* steps the batches as they are. The jit "
         f"step's one compile took {compile_seconds:.1f} s, outside the timed rounds; at the "
-        f"per-epoch saving measured here it is paid back after {break_even} epochs."
+        f"per-epoch saving measured here it is paid back after {break_even} epochs. Both "
+        "steps ran on this process's intra-op threads (all cores); a `jit_compile` case "
+        "trains on one thread (`stability/workers.py`), see the whole run below."
     )
 
 

@@ -103,7 +103,8 @@ def _add_run_flags(parser: argparse.ArgumentParser) -> None:
         "--jit-compile",
         action="store_true",
         help="compile each run's training step with XLA, on batches padded to one shape "
-        "(the case key jit_compile); pays for long runs, see reports/bench.md",
+        "(the case key jit_compile); XLA moves where the naive softmax fails and is not "
+        "faster per run here (README, 'XLA')",
     )
     parser.add_argument(
         "--workers",
