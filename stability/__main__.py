@@ -2,7 +2,7 @@
 
 import os
 
-from stability.quiet import stderr_silenced
+from stability.core.quiet import stderr_silenced
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -13,7 +13,7 @@ with stderr_silenced():
 
     tf.constant(0.0)  # device start-up logs here, too
 
-    import stability.runner  # noqa: F401
+    import stability.sweep.runner  # noqa: F401
 
 from stability.cli import main
 

@@ -17,11 +17,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from stability.compare import add_compare_parser, compare_command
-from stability.errors import StabilityError
+from stability.core.errors import StabilityError
+from stability.report.compare import add_compare_parser, compare_command
 
 if TYPE_CHECKING:
-    from stability.cases import Case
+    from stability.sweep.cases import Case
 
 EXIT_BAD_INPUT = 2
 
@@ -44,13 +44,7 @@ def _parser() -> argparse.ArgumentParser:
     _add_run_flags(run)
 
     lst = sub.add_parser("list", help="list the registered variants")
-    lst.add_argument(
-        "--plugin",
-        action="append",
-        default=[],
-        metavar="MODULE",
-        help="import MODULE first (repeatable)",
-    )
+    _add_plugin_flag(lst)
     lst.add_argument("--filter", help="only names containing this text")
 
     rep = sub.add_parser("report", help="regenerate <case>.md from a results CSV")
@@ -59,16 +53,21 @@ def _parser() -> argparse.ArgumentParser:
     rep.add_argument(
         "--case", type=Path, metavar="CASE", help="the case file, for its description (optional)"
     )
-    rep.add_argument(
+    _add_plugin_flag(rep)
+    add_compare_parser(sub)
+    _add_claims_parser(sub)
+    return parser
+
+
+def _add_plugin_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
         "--plugin",
         action="append",
         default=[],
         metavar="MODULE",
-        help="import MODULE first, for the descriptions of your variants",
+        help="import MODULE first, so the variants and data sets it registers can be named "
+        "(repeatable; a plugin runs code, like a pytest plugin)",
     )
-    add_compare_parser(sub)
-    _add_claims_parser(sub)
-    return parser
 
 
 def _add_run_flags(parser: argparse.ArgumentParser) -> None:
@@ -79,13 +78,7 @@ def _add_run_flags(parser: argparse.ArgumentParser) -> None:
         default=Path("reports"),
         help="folder for <case>.csv, <case>.history.csv, <case>.md (default: reports)",
     )
-    parser.add_argument(
-        "--plugin",
-        action="append",
-        default=[],
-        metavar="MODULE",
-        help="import MODULE first, so the variants it registers can be named (repeatable)",
-    )
+    _add_plugin_flag(parser)
     existing = parser.add_mutually_exclusive_group()
     existing.add_argument(
         "--resume",
@@ -104,7 +97,7 @@ def _add_run_flags(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="compile each run's training step with XLA, on batches padded to one shape "
         "(the case key jit_compile); XLA moves where the naive softmax fails and is not "
-        "faster per run here (README, 'XLA')",
+        "faster per run here (docs/findings.md, 'XLA fails twice as early')",
     )
     parser.add_argument(
         "--workers",
@@ -173,13 +166,13 @@ def _load_plugins(modules: Sequence[str]) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from stability.cases import load_case
+    from stability.sweep.cases import load_case
 
     cases = [load_case(path) for path in args.cases]  # all validated before any training
     if args.variants:
         from dataclasses import replace
 
-        from stability.variants import get_variant
+        from stability.model.variants import get_variant
 
         names = tuple(n.strip() for n in args.variants.split(",") if n.strip())
         if not names:
@@ -193,9 +186,9 @@ def _run(args: argparse.Namespace) -> int:
 
 def _run_cases(cases: Sequence[Case], args: argparse.Namespace) -> None:
     """Train every case into ``args.out`` and write its markdown from the whole CSV."""
-    from stability.report import read_history, read_results, write_reports
-    from stability.runner import run_case
-    from stability.store import folder_lock
+    from stability.core.files import folder_lock
+    from stability.report.writer import read_history, read_results, write_reports
+    from stability.sweep.runner import run_case
 
     _check_writable(args.out)
     if args.jit_compile:
@@ -223,7 +216,7 @@ def _run_cases(cases: Sequence[Case], args: argparse.Namespace) -> None:
 XLA_NOTE = (
     "Trained with `jit_compile` (XLA) on padded batches. XLA rewrites arithmetic: the naive "
     "softmax's gradient fails once a node's logits are all below -43.67, half of the "
-    "-87.34 where it fails without XLA (README, Speed), so these rows are not comparable "
+    "-87.34 where it fails without XLA (docs/findings.md), so these rows are not comparable "
     "with a run without XLA. The Risk lines and plots below still draw the limits without XLA."
 )
 
@@ -242,7 +235,7 @@ def _check_writable(out: Path) -> None:
 
 
 def _list(args: argparse.Namespace) -> int:
-    from stability.variants import list_variants
+    from stability.model.variants import list_variants
 
     variants = list_variants(args.filter)
     width = max((len(v.name) for v in variants), default=0)
@@ -252,7 +245,7 @@ def _list(args: argparse.Namespace) -> int:
 
 
 def _report(args: argparse.Namespace) -> int:
-    from stability.report import read_history, read_results, write_reports
+    from stability.report.writer import read_history, read_results, write_reports
 
     frame = read_results(args.csv)
     # The history beside the CSV (<case>.history.csv) brings the risk lines and the plots.
@@ -262,7 +255,7 @@ def _report(args: argparse.Namespace) -> int:
     case = str(frame["case"].iloc[0])
     description = ""
     if args.case is not None:
-        from stability.cases import load_case
+        from stability.sweep.cases import load_case
 
         description = _description(load_case(args.case))
     path = write_reports(frame, args.out or args.csv.parent, case, description, history)
@@ -301,8 +294,8 @@ def _add_claims_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def _claims(args: argparse.Namespace) -> int:
-    from stability.cases import load_case
-    from stability.claims import (
+    from stability.core.files import atomic_write_text
+    from stability.report.claims import (
         ClaimInputs,
         Rules,
         claims_markdown,
@@ -310,9 +303,9 @@ def _claims(args: argparse.Namespace) -> int:
         meaning,
         molecules_section,
     )
-    from stability.report import read_results
-    from stability.runner import case_datasets
-    from stability.store import atomic_write_text
+    from stability.report.writer import read_results
+    from stability.sweep.cases import load_case
+    from stability.sweep.runner import case_datasets
 
     cases = [load_case(args.cases / f"{name}.toml") for name in CLAIM_CASES]
     if args.smoke:

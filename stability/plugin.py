@@ -60,8 +60,8 @@ class StabilityReport:
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
         if self.out_dir is None or not self.cases:
             return
-        from stability.report import history_frame, results_frame, write_reports
-        from stability.store import atomic_writer
+        from stability.core.files import atomic_writer
+        from stability.report.writer import history_frame, results_frame, write_reports
 
         self.out_dir.mkdir(parents=True, exist_ok=True)
         for name, (case, results) in self.cases.items():
@@ -90,8 +90,8 @@ def stability_run(request: pytest.FixtureRequest) -> Callable[..., list[Any]]:
     def run(
         case: str | Path | Any, variants: Sequence[str] | None = None, **overrides: Any
     ) -> list[Any]:
-        from stability.cases import Case, load_case
-        from stability.runner import run_case
+        from stability.sweep.cases import Case, load_case
+        from stability.sweep.runner import run_case
 
         if not isinstance(case, Case):
             case = load_case(case)

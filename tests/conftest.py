@@ -5,7 +5,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import pytest
 from hypothesis import HealthCheck, settings
 
-from stability.datasets import Dataset, load_dataset
+from stability.data import Dataset, load_dataset
 
 # Hypothesis profiles, chosen with STABILITY_HYPOTHESIS_PROFILE (default "ci"). "ci" is
 # derandomized, so every run tries the same examples, and bounded so the default test run

@@ -8,11 +8,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from stability import cli, datasets
-from stability.datasets import Dataset
-from stability.graphs import Graph
-from stability.results import HISTORY_FIELDS, RESULT_FIELDS
-from stability.variants import list_variants
+from stability import cli
+from stability.core.results import HISTORY_FIELDS, RESULT_FIELDS
+from stability.data import Dataset, registry
+from stability.data.graphs import Graph
+from stability.model.variants import list_variants
 
 
 def graph(edges=(1.0, 2.0), receivers=(1, 2), target=1.0):
@@ -48,7 +48,7 @@ def builder(name):
 @pytest.fixture(autouse=True)
 def bad_datasets(monkeypatch, tmp_path):
     for name in [*BAD_GRAPHS, "empty"]:
-        monkeypatch.setitem(datasets._datasets, name, builder(name))
+        monkeypatch.setitem(registry._datasets, name, builder(name))
     monkeypatch.chdir(tmp_path)
     (tmp_path / "broken_plugin.py").write_text("raise RuntimeError('boom')\n")
 

@@ -6,11 +6,11 @@ import tomli_w
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from stability.cases import Case, parse_case
-from stability.datasets import dataset_parameters
-from stability.errors import CaseError
-from stability.trainer import DTYPES
-from stability.variants import list_variants
+from stability.core.errors import CaseError
+from stability.data import dataset_parameters
+from stability.model.variants import list_variants
+from stability.sweep.cases import Case, parse_case
+from stability.train.trainer import DTYPES
 
 TOP_KEYS = [f.name for f in Case.__dataclass_fields__.values()]
 DATASET_KEYS = ["name", *dataset_parameters("synthetic")]

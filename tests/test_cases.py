@@ -5,9 +5,9 @@ from pathlib import Path
 import pytest
 from conftest import TINY_CASE
 
-from stability.cases import load_case, parse_case
-from stability.errors import CaseError
-from stability.trainer import default_dtype
+from stability.core.errors import CaseError
+from stability.sweep.cases import load_case, parse_case
+from stability.train.trainer import default_dtype
 
 CASES = sorted((Path(__file__).parent.parent / "cases").glob("*.toml"))
 

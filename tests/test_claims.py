@@ -5,7 +5,7 @@ import math
 import pandas as pd
 import pytest
 
-from stability.claims import (
+from stability.report.claims import (
     NOT_REPRODUCED,
     NOT_RUN,
     REPRODUCED,

@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 from conftest import TINY_CASE
 
-from stability.results import RESULT_FIELDS
+from stability.core.results import RESULT_FIELDS
 
 ROOT = Path(__file__).parent.parent
 

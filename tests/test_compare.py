@@ -8,8 +8,8 @@ import pandas as pd
 import pytest
 from test_cli import stability
 
-from stability.compare import Tolerances, _fraction, compare_results, load_results_dir
-from stability.errors import StabilityError
+from stability.core.errors import StabilityError
+from stability.report.compare import Tolerances, _fraction, compare_results, load_results_dir
 
 ROOT = Path(__file__).parent.parent
 BASELINE = ROOT / "reports" / "baseline"

@@ -2,9 +2,9 @@
 
 from conftest import TINY_CASE
 
-from stability.cases import parse_case
-from stability.results import TIMING_FIELDS
-from stability.runner import run_case
+from stability.core.results import TIMING_FIELDS
+from stability.sweep.cases import parse_case
+from stability.sweep.runner import run_case
 
 
 def untimed(results):

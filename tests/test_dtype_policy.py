@@ -4,9 +4,9 @@ import numpy as np
 import pytest
 
 from stability import BuildContext
-from stability.limits import exp_limits
-from stability.trainer import DTYPES, TrainConfig, Trainer, default_dtype
-from stability.variants import Recipe, Variant, create_recipe
+from stability.core.limits import exp_limits
+from stability.model.variants import Recipe, Variant, create_recipe
+from stability.train.trainer import DTYPES, TrainConfig, Trainer, default_dtype
 
 
 def planted(softmax: str, max_logit: float):

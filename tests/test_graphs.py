@@ -1,9 +1,9 @@
 import numpy as np
 import pytest
 
-from stability.datasets import load_dataset
-from stability.errors import DataError
-from stability.graphs import Graph, batch_graphs, validate_graph
+from stability.core.errors import DataError
+from stability.data import load_dataset
+from stability.data.graphs import Graph, batch_graphs, validate_graph
 
 
 def graph(num_nodes, senders, receivers, target=1.0):

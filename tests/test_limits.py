@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from stability.errors import StabilityError
-from stability.limits import exp_limits
+from stability.core.errors import StabilityError
+from stability.core.limits import exp_limits
 
 
 def _first_zero(dtype: str, low: float, high: float) -> float:

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from stability.losses import robust_loss
+from stability.model.losses import robust_loss
 
 
 def reference(y, mean, log_sigma):

@@ -11,8 +11,8 @@ import statistics
 import sys
 import time
 
-from stability.trainer import TrainConfig, Trainer
-from stability.variants import get_variant
+from stability.model.variants import get_variant
+from stability.train.trainer import TrainConfig, Trainer
 
 RUNS = 20
 #: The last runs may take at most this many times as long as the first ones (noise on a

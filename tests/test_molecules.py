@@ -5,8 +5,8 @@ import sys
 import numpy as np
 import pytest
 
-from stability.datasets import load_dataset
-from stability.errors import StabilityError
+from stability.core.errors import StabilityError
+from stability.data import load_dataset
 
 pytest.importorskip("ase")
 

@@ -12,10 +12,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
-from stability import BuildContext, get_variant, register_variant, variants
-from stability.softmax import get_softmax
-from stability.strategies import graphs
-from stability.variants import create_recipe
+from stability import BuildContext, get_variant, register_variant
+from stability.data.strategies import graphs
+from stability.model import variants
+from stability.model.softmax import get_softmax
+from stability.model.variants import create_recipe
 
 DTYPES = {"float16": np.float16, "float32": np.float32, "float64": np.float64}
 #: log(largest finite value), computed in float64: exp overflows above it.

@@ -7,18 +7,18 @@ import pytest
 import tensorflow as tf
 from test_sentinel import overflowing_attention
 
-from stability.errors import DataError
-from stability.graphs import Graph, batch_graphs
-from stability.padding import EDGE_QUANTUM, Budget, budget_for, pad_batch, padded_shape
-from stability.results import TIMING_FIELDS
-from stability.trainer import (
+from stability.core.errors import DataError
+from stability.core.results import TIMING_FIELDS
+from stability.data.graphs import Graph, batch_graphs
+from stability.data.padding import EDGE_QUANTUM, Budget, budget_for, pad_batch, padded_shape
+from stability.model.variants import Variant, get_variant
+from stability.train.trainer import (
     TrainConfig,
     Trainer,
     _real_mean,
     input_signature,
     make_train_step,
 )
-from stability.variants import Variant, get_variant
 
 
 def real_batch(dataset, size=16):

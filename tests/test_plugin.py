@@ -6,7 +6,7 @@ from pathlib import Path
 import pandas as pd
 from conftest import TINY_CASE
 
-from stability.results import RESULT_FIELDS
+from stability.core.results import RESULT_FIELDS
 
 ROOT = Path(__file__).parent.parent
 

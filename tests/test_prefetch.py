@@ -3,10 +3,10 @@
 import numpy as np
 import pytest
 
-from stability.prefetch import prefetched
-from stability.results import TIMING_FIELDS
-from stability.trainer import TrainConfig, Trainer
-from stability.variants import get_variant
+from stability.core.results import TIMING_FIELDS
+from stability.data.prefetch import prefetched
+from stability.model.variants import get_variant
+from stability.train.trainer import TrainConfig, Trainer
 
 
 @pytest.mark.parametrize("depth", [0, 1, 2, 5])

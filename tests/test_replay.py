@@ -7,9 +7,9 @@ import tensorflow as tf
 from test_sentinel import nan_gradient, overflowing_loss
 
 from stability import BuildContext
-from stability.replay import site_from_error
-from stability.trainer import TrainConfig, Trainer
-from stability.variants import Recipe, Variant, create_recipe
+from stability.model.variants import Recipe, Variant, create_recipe
+from stability.train.replay import site_from_error
+from stability.train.trainer import TrainConfig, Trainer
 
 # The planted magnitudes (logits of 240, log sigma of -100) are float32's limits; each
 # policy's own limits are tested in test_dtype_policy.py.
@@ -122,9 +122,9 @@ def test_site_from_error_reads_scopes(node, expected):
 def test_an_xla_compiled_step_is_guarded_and_replayed_without_xla(tiny_dataset):
     """The fused check and the guard work under jit_compile=True; the replay, whose check
     ops XLA cannot compile, runs without it and still names the op."""
-    from stability.graphs import batch_graphs
-    from stability.replay import replay_step
-    from stability.trainer import input_signature, make_train_step
+    from stability.data.graphs import batch_graphs
+    from stability.train.replay import replay_step
+    from stability.train.trainer import input_signature, make_train_step
 
     trainer = Trainer(
         Variant("planted", "test-only", attention_weight_on_e(60.0)), tiny_dataset, CONFIG

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from stability.report import read_history, read_results, summary_table, write_reports
+from stability.report.writer import read_history, read_results, summary_table, write_reports
 
 REPORTS = Path(__file__).parent.parent / "reports"
 

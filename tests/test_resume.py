@@ -12,10 +12,10 @@ import pandas as pd
 import pytest
 from conftest import TINY_CASE
 
-from stability.cases import parse_case
-from stability.results import RESULT_FIELDS, TIMING_FIELDS
-from stability.runner import run_case
-from stability.store import LOCK_NAME
+from stability.core.files import LOCK_NAME
+from stability.core.results import RESULT_FIELDS, TIMING_FIELDS
+from stability.sweep.cases import parse_case
+from stability.sweep.runner import run_case
 
 ROOT = Path(__file__).parent.parent
 TWO_SEEDS = TINY_CASE.replace("seeds = [0]", "seeds = [0, 1]")  # 4 runs

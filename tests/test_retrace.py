@@ -3,9 +3,15 @@
 import numpy as np
 import pytest
 
-from stability.graphs import batch_graphs
-from stability.trainer import TrainConfig, Trainer, input_signature, make_predict, make_train_step
-from stability.variants import get_variant
+from stability.data.graphs import batch_graphs
+from stability.model.variants import get_variant
+from stability.train.trainer import (
+    TrainConfig,
+    Trainer,
+    input_signature,
+    make_predict,
+    make_train_step,
+)
 
 
 @pytest.mark.parametrize("variant", ["raw_e", "grad_clip"])

@@ -6,8 +6,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from stability.limits import exp_limits
-from stability.risk import crossing_epoch, logit_trend, risk_table, run_risks
+from stability.core.limits import exp_limits
+from stability.report.risk import crossing_epoch, logit_trend, risk_table, run_risks
 
 LINE = exp_limits("float32").underflow
 

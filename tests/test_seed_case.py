@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from stability.cases import load_case
-from stability.runner import run_case
+from stability.sweep.cases import load_case
+from stability.sweep.runner import run_case
 
 SEED_CASE = Path(__file__).parent.parent / "cases" / "seed.toml"
 

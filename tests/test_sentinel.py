@@ -8,10 +8,10 @@ import pytest
 import tensorflow as tf
 
 from stability import BuildContext
-from stability.losses import robust_loss
-from stability.sentinel import finite_flags, first_failure, nonfinite_weights
-from stability.trainer import TrainConfig, Trainer
-from stability.variants import Variant, create_recipe
+from stability.model.losses import robust_loss
+from stability.model.variants import Variant, create_recipe
+from stability.train.checks import finite_flags, first_failure, nonfinite_weights
+from stability.train.trainer import TrainConfig, Trainer
 
 # The planted magnitudes (logits of 240, log sigma of -100) are float32's limits; each
 # policy's own limits are tested in test_dtype_policy.py.

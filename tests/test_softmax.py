@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from stability.softmax import get_softmax, naive_segment_softmax, stable_segment_softmax
+from stability.model.softmax import get_softmax, naive_segment_softmax, stable_segment_softmax
 
 # Node 0 has three incoming edges, node 1 one (a single-edge segment), node 2 none (isolated).
 RECEIVERS = np.array([0, 0, 0, 1], dtype=np.int32)

@@ -4,9 +4,10 @@ import csv
 
 import pytest
 
-from stability.errors import StabilityError
-from stability.results import RESULT_FIELDS, RunResult
-from stability.store import TEMP_SUFFIX, RunStore, atomic_write_text, atomic_writer
+from stability.core.errors import StabilityError
+from stability.core.files import TEMP_SUFFIX, atomic_write_text, atomic_writer
+from stability.core.results import RESULT_FIELDS, RunResult
+from stability.sweep.store import RunStore
 
 
 def result(seed, **changes):

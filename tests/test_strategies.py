@@ -11,13 +11,13 @@ from conftest import TINY_CASE
 from hypothesis import find, given
 from hypothesis.errors import InvalidArgument
 
-from stability.cases import parse_case
 from stability.cli import main
-from stability.datasets import dataset_from_key, load_dataset
-from stability.errors import StabilityError
-from stability.graphs import validate_graph
-from stability.runner import case_datasets, run_case
-from stability.strategies import datasets, draw, edge_distances, graphs
+from stability.core.errors import StabilityError
+from stability.data import dataset_from_key, load_dataset
+from stability.data.graphs import validate_graph
+from stability.data.strategies import datasets, draw, edge_distances, graphs
+from stability.sweep.cases import parse_case
+from stability.sweep.runner import case_datasets, run_case
 
 ROOT = Path(__file__).parent.parent
 
@@ -119,7 +119,7 @@ def test_a_seeded_draw_is_reproducible_and_seed_dependent():
 def test_a_seeded_draw_does_not_depend_on_what_else_is_imported():
     """Hypothesis mixes in constants found in imported modules; draw() must not."""
     code = (
-        "from stability.strategies import draw, graphs;"
+        "from stability.data.strategies import draw, graphs;"
         "print(draw(graphs(min_edges=3), seed=7).edges.ravel().tolist())"
     )
     done = subprocess.run(

@@ -14,10 +14,10 @@ import pytest
 from hypothesis import Phase, example, given, settings, target
 from hypothesis.errors import Found
 
-from stability.graphs import Graph
-from stability.strategies import attention_target, datasets, graphs, split_dataset
-from stability.trainer import TrainConfig, Trainer
-from stability.variants import get_variant
+from stability.data.graphs import Graph
+from stability.data.strategies import attention_target, datasets, graphs, split_dataset
+from stability.model.variants import get_variant
+from stability.train.trainer import TrainConfig, Trainer
 
 #: Small graphs whose distances carry rare outliers up to 300 (75x the seed's largest).
 DATASETS = datasets(

@@ -5,9 +5,9 @@ import numpy as np
 import pytest
 
 from stability import BuildContext, NameNotFound, StabilityError, get_variant, list_variants
-from stability.graphs import batch_graphs
-from stability.trainer import TrainConfig, Trainer
-from stability.variants import create_recipe, register_variant
+from stability.data.graphs import batch_graphs
+from stability.model.variants import create_recipe, register_variant
+from stability.train.trainer import TrainConfig, Trainer
 
 BUILT_IN = [
     "raw_e",

@@ -4,14 +4,14 @@ import pandas as pd
 import pytest
 from conftest import TINY_CASE
 
-from stability import variants
-from stability.cases import parse_case
 from stability.cli import main
-from stability.errors import StabilityError
-from stability.results import TIMING_FIELDS
-from stability.runner import run_case
-from stability.variants import BuildContext, Recipe, create_recipe, register_variant
-from stability.workers import thread_counts, variant_modules
+from stability.core.errors import StabilityError
+from stability.core.results import TIMING_FIELDS
+from stability.model import variants
+from stability.model.variants import BuildContext, Recipe, create_recipe, register_variant
+from stability.sweep.cases import parse_case
+from stability.sweep.runner import run_case
+from stability.sweep.workers import thread_counts, variant_modules
 
 # Two data sets and two variants, so that four runs share two workers and can finish out of
 # order, and each task must carry its own data set.
@@ -75,4 +75,4 @@ def test_a_variant_from_a_script_is_refused(monkeypatch):
     register_variant(builder, name="script_only_variant")
     with pytest.raises(StabilityError, match=r"script_only_variant.*importable module"):
         variant_modules(["raw_e", "script_only_variant"])
-    assert variant_modules(["raw_e", "stable_softmax"]) == ["stability.variants"]
+    assert variant_modules(["raw_e", "stable_softmax"]) == ["stability.model.variants"]

@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from stability.replay import XLA_ONLY
-from stability.softmax import naive_segment_softmax
-from stability.trainer import TrainConfig, Trainer
-from stability.variants import Variant, create_recipe, get_variant
+from stability.model.softmax import naive_segment_softmax
+from stability.model.variants import Variant, create_recipe, get_variant
+from stability.train.replay import XLA_ONLY
+from stability.train.trainer import TrainConfig, Trainer
 
 RECEIVERS = tf.constant([0, 0, 1, 1])
 WEIGHTS = tf.constant([[1.0], [2.0], [3.0], [4.0]])

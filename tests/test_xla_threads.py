@@ -5,9 +5,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from stability.cases import parse_case
-from stability.results import TIMING_FIELDS
-from stability.runner import run_case
+from stability.core.results import TIMING_FIELDS
+from stability.sweep.cases import parse_case
+from stability.sweep.runner import run_case
 
 ROOT = Path(__file__).parent.parent
 
@@ -34,9 +34,9 @@ import sys
 import tensorflow as tf
 tf.config.threading.set_intra_op_parallelism_threads(int(sys.argv[1]))
 tf.config.threading.set_inter_op_parallelism_threads(1)
-from stability.datasets import load_dataset
-from stability.trainer import TrainConfig, Trainer
-from stability.variants import get_variant
+from stability.data import load_dataset
+from stability.train.trainer import TrainConfig, Trainer
+from stability.model.variants import get_variant
 data = load_dataset("synthetic", num_graphs=2000, attend="nearest")
 config = TrainConfig(seed=1, batch_size=32, learning_rate=0.01, epochs=2, dtype="float32",
                      jit_compile=True)

@@ -1,0 +1,123 @@
+"""One training run's result row and per-epoch history; the CSV columns are defined here."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+
+#: The result columns, in CSV order. Every writer renders from this tuple (stable names:
+#: users and CI depend on them).
+RESULT_FIELDS = (
+    "case",
+    "variant",
+    "seed",
+    "dataset",
+    "batch_size",
+    "learning_rate",
+    "epochs",
+    "dtype",
+    "first_nan_epoch",
+    "first_nan_step",
+    "first_nan_where",
+    "first_nan_layer",
+    "first_nan_op",
+    "loss_nan_epoch",
+    "final_mae",
+    "best_mae",
+    "mae_before_nan",
+    "max_abs_logit",
+    "wall_seconds",
+    "steps_per_second",
+    "tf_version",
+)
+
+#: The columns that say whether, when and where a run's first NaN happened.
+NAN_FIELDS = RESULT_FIELDS[
+    RESULT_FIELDS.index("first_nan_epoch") : RESULT_FIELDS.index("loss_nan_epoch") + 1
+]
+
+#: Columns that depend on the machine's speed, left out when two runs are compared for
+#: determinism or resumption.
+TIMING_FIELDS = ("wall_seconds", "steps_per_second")
+
+#: Per-epoch history columns.
+HISTORY_FIELDS = (
+    "case",
+    "variant",
+    "seed",
+    "dataset",
+    "batch_size",
+    "learning_rate",
+    "epoch",
+    "train_loss",
+    "val_mae",
+    "max_abs_logit",
+    "grad_norm",
+    "max_abs_weight",
+)
+
+
+@dataclass
+class EpochRecord:
+    """What one epoch left behind. Values are NaN where the epoch produced none."""
+
+    epoch: int
+    train_loss: float = math.nan
+    val_mae: float = math.nan
+    max_abs_logit: float = math.nan
+    grad_norm: float = math.nan
+    max_abs_weight: float = math.nan
+
+
+@dataclass
+class RunResult:
+    """One training run. Epochs and steps count from 1; ``None`` means "did not happen"."""
+
+    case: str
+    variant: str
+    seed: int
+    dataset: str
+    batch_size: int
+    learning_rate: float
+    epochs: int
+    dtype: str
+    first_nan_epoch: int | None = None
+    first_nan_step: int | None = None
+    first_nan_where: str | None = None
+    first_nan_layer: str | None = None
+    first_nan_op: str | None = None
+    loss_nan_epoch: int | None = None
+    final_mae: float | None = None
+    best_mae: float | None = None
+    mae_before_nan: float | None = None
+    max_abs_logit: float | None = None
+    wall_seconds: float = 0.0
+    steps_per_second: float = 0.0
+    tf_version: str = ""
+    history: list[EpochRecord] = field(default_factory=list, repr=False)
+
+    @property
+    def hit_nan(self) -> bool:
+        return self.first_nan_epoch is not None
+
+    def summary_line(self, data_index: int | None = None) -> str:
+        """One line for the progress output: the run and how it ended."""
+        label = f"{self.variant} seed={self.seed} bs={self.batch_size} lr={self.learning_rate:g}"
+        if data_index is not None:
+            label += f" data={data_index}"
+        if self.first_nan_where == "input":
+            outcome = f"not trained, non-finite input ({self.first_nan_layer})"
+        else:
+            outcome = f"NaN at epoch {self.first_nan_epoch}" if self.hit_nan else "finite"
+        best = "-" if self.best_mae is None else f"{self.best_mae:.3f}"
+        return f"{self.case}: {label}: {outcome}, best MAE {best}"
+
+    def row(self) -> dict[str, object]:
+        """The CSV row, keyed by ``RESULT_FIELDS``."""
+        values = asdict(self)
+        return {name: values[name] for name in RESULT_FIELDS}
+
+    def history_rows(self) -> list[dict[str, object]]:
+        """One row per epoch, keyed by ``HISTORY_FIELDS``."""
+        ident = {name: getattr(self, name) for name in HISTORY_FIELDS[:6]}
+        return [{**ident, **asdict(record)} for record in self.history]

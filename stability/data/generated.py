@@ -1,0 +1,53 @@
+"""The ``generated`` data set: graphs whose edge distances Hypothesis draws, by seed."""
+
+from __future__ import annotations
+
+from stability.data.registry import Dataset, register_dataset
+from stability.data.strategies import generated_dataset
+
+
+@register_dataset
+def generated(
+    *,
+    seed: int = 0,
+    num_graphs: int = 200,
+    min_nodes: int = 6,
+    max_nodes: int = 15,
+    min_edges: int = 0,
+    max_edges: int = 60,
+    self_loops: bool = False,
+    duplicate_edges: bool = False,
+    num_types: int = 4,
+    attend: str = "nearest",
+    distribution: str = "any",
+    min_distance: float = 0.5,
+    max_distance: float = 4.0,
+    max_outlier: float = 40.0,
+    val_fraction: float = 0.1,
+) -> Dataset:
+    """Graphs drawn by ``stability.data.strategies.graphs``, reproducibly from ``seed``.
+
+    ``distribution`` is one of ``stability.data.strategies.DISTRIBUTIONS`` or "any". The key
+    (the CSV ``dataset`` column) is a call with every argument; ``dataset_from_key`` rebuilds
+    the same graphs from it.
+    """
+    args = dict(locals())
+    key = "generated(" + ",".join(f"{name}={value!r}" for name, value in args.items()) + ")"
+    return generated_dataset(
+        seed=seed,
+        num_graphs=num_graphs,
+        val_fraction=val_fraction,
+        key=key,
+        min_nodes=min_nodes,
+        max_nodes=max_nodes,
+        min_edges=min_edges,
+        max_edges=max_edges,
+        self_loops=self_loops,
+        duplicate_edges=duplicate_edges,
+        num_types=num_types,
+        attend=attend,
+        distribution=None if distribution == "any" else distribution,
+        min_distance=min_distance,
+        max_distance=max_distance,
+        max_outlier=max_outlier,
+    )

@@ -1,0 +1,147 @@
+"""The data set registry: ``Dataset`` (train/validation graphs and their statistics) and the
+verbs that register, list, build and rebuild data sets by name.
+
+The built-in data sets (``synthetic``, ``generated``, ``g2``) live in modules of their own
+that register themselves; ``stability.data`` imports them, so this module imports none.
+"""
+
+from __future__ import annotations
+
+import ast
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from stability.core.errors import DataError, NameNotFound, StabilityError
+from stability.data.graphs import Graph, nonfinite_field, nonfinite_message, validate_graph
+
+
+@dataclass(frozen=True)
+class Dataset:
+    """Train and validation graphs, split by graph, plus the training set's statistics.
+
+    ``key`` is a string that regenerates the data set exactly (the CSV ``dataset`` column).
+    Graphs are numbered train first, then validation, in error messages. Shapes and edge
+    endpoints are checked here; NaN and +-Inf values are named by ``nonfinite_input``
+    (``load_dataset`` refuses them unless asked to allow them).
+    """
+
+    key: str
+    train: list[Graph]
+    val: list[Graph]
+    target_mean: float = field(init=False)
+    target_std: float = field(init=False)
+    edge_mean: float = field(init=False)
+    edge_std: float = field(init=False)
+    #: (graph index, field) of the first graph holding NaN or +-Inf, else ``None``.
+    nonfinite_input: tuple[int, str] | None = field(init=False)
+
+    def __post_init__(self) -> None:
+        if not self.train or not self.val:
+            raise DataError(
+                f"data set {self.key}: needs at least one training and one validation graph, "
+                f"got {len(self.train)} and {len(self.val)}"
+            )
+        graphs = self.train + self.val
+        object.__setattr__(self, "nonfinite_input", None)
+        for index, graph in enumerate(graphs):
+            try:
+                validate_graph(graph, index, allow_nonfinite=True)
+            except DataError as exc:
+                raise DataError(f"data set {self.key}: {exc}") from None
+            features = graph.nodes.shape[1]
+            if features != graphs[0].nodes.shape[1]:
+                raise DataError(
+                    f"data set {self.key}: graph {index}: nodes have {features} features, "
+                    f"graph 0 has {graphs[0].nodes.shape[1]}"
+                )
+            bad = nonfinite_field(graph)
+            if bad is not None and self.nonfinite_input is None:
+                object.__setattr__(self, "nonfinite_input", (index, bad))
+        # A constant target or edge set would divide by zero when standardizing.
+        # (Statistics of data holding NaN or Inf are NaN; such data is never trained on.)
+        with np.errstate(invalid="ignore"):
+            self._set_statistics()
+
+    def _set_statistics(self) -> None:
+        targets = np.array([g.target for g in self.train])
+        edges = np.concatenate([g.edges.ravel() for g in self.train])
+        object.__setattr__(self, "target_mean", float(targets.mean()))
+        object.__setattr__(self, "target_std", float(targets.std()) or 1.0)
+        object.__setattr__(self, "edge_mean", float(edges.mean()) if edges.size else 0.0)
+        object.__setattr__(self, "edge_std", float(edges.std()) if edges.size else 1.0)
+        if self.edge_std == 0.0:
+            object.__setattr__(self, "edge_std", 1.0)
+
+    @property
+    def num_features(self) -> int:
+        return int(self.train[0].nodes.shape[1])
+
+
+_datasets: dict[str, Callable[..., Dataset]] = {}  # name -> builder(seed=..., **params)
+
+
+def register_dataset(fn: Callable[..., Dataset]) -> Callable[..., Dataset]:
+    """Register a data set builder under its function name."""
+    _datasets[fn.__name__] = fn
+    return fn
+
+
+def dataset_parameters(name: str) -> dict[str, object]:
+    """The keyword parameters of data set ``name`` with their defaults."""
+    builder = _get_builder(name)
+    return {
+        p.name: p.default
+        for p in inspect.signature(builder).parameters.values()
+        if p.kind is inspect.Parameter.KEYWORD_ONLY
+    }
+
+
+def list_datasets() -> list[str]:
+    return sorted(_datasets)
+
+
+def load_dataset(name: str, *, allow_nonfinite: bool = False, **params: object) -> Dataset:
+    """Build data set ``name`` with ``params`` (which must include ``seed``).
+
+    A graph holding NaN or +-Inf is a ``DataError`` naming it and the field, unless
+    ``allow_nonfinite``: then the runs record ``first_nan_where = "input"`` untrained.
+    """
+    builder = _get_builder(name)
+    try:
+        dataset = builder(**params)
+    except StabilityError:
+        raise
+    except (ValueError, TypeError, OverflowError, MemoryError) as exc:
+        # A parameter the builder's own libraries reject (a negative seed, say).
+        raise DataError(f"data set {name}: {type(exc).__name__}: {exc}") from None
+    if dataset.nonfinite_input is not None and not allow_nonfinite:
+        index, bad = dataset.nonfinite_input
+        message = nonfinite_message((dataset.train + dataset.val)[index], index, bad)
+        raise DataError(
+            f"data set {dataset.key}: {message}; set allow_nonfinite_input = true in the case "
+            "to record such runs as first_nan_where = input"
+        )
+    return dataset
+
+
+def _get_builder(name: str) -> Callable[..., Dataset]:
+    if name not in _datasets:
+        raise NameNotFound("data set", name, _datasets)
+    return _datasets[name]
+
+
+def dataset_from_key(key: str) -> Dataset:
+    """Rebuild a data set from its key, for keys written as calls, like ``generated``'s."""
+    try:
+        call = ast.parse(key, mode="eval").body
+        if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Name)) or call.args:
+            raise ValueError("not a call with keyword arguments")
+        params = {kw.arg: ast.literal_eval(kw.value) for kw in call.keywords}
+    except (SyntaxError, ValueError) as exc:
+        raise StabilityError(
+            f"data set key {key!r} cannot be rebuilt ({exc}); expected name(arg=value, ...)"
+        ) from None
+    return load_dataset(call.func.id, **params)

@@ -1,0 +1,1 @@
+"""The model layer: segment softmaxes, the seed's layers and network, losses and variants."""

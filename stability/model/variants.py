@@ -1,0 +1,218 @@
+"""The registry of model variants: the seed's model, its fixes and its controls.
+
+A variant is a named builder that turns a ``BuildContext`` (data statistics and case
+settings) into a ``Recipe``: a model, an optimizer, a loss and an optional gradient
+transform. Register your own from your own module::
+
+    from stability import BuildContext, Recipe, register_variant
+    from stability.model.variants import create_recipe
+
+    @register_variant
+    def my_fix(ctx: BuildContext) -> Recipe:
+        \"\"\"raw e with a tanh-squashed attention logit\"\"\"
+        ...
+
+then run it with ``python -m stability run my_case.toml --plugin my_module``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+import keras
+import tensorflow as tf
+
+from stability.core.errors import NameNotFound, StabilityError
+from stability.model.losses import robust_loss
+from stability.model.network import GraphNetwork
+
+Loss = Callable[[tf.Tensor, tf.Tensor], tf.Tensor]
+GradientTransform = Callable[[list[tf.Tensor]], list[tf.Tensor]]
+
+
+@dataclass(frozen=True)
+class BuildContext:
+    """What a variant may depend on: the data's shape and statistics and the case settings."""
+
+    num_features: int
+    hidden: int
+    num_layers: int
+    learning_rate: float
+    edge_mean: float
+    edge_std: float
+    dtype: str = "float32"
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """A variant, built: what the trainer trains.
+
+    ``model.forward(inputs)`` should return a dict with ``predictions`` and lists of
+    ``logits``/``alpha`` (see ``GraphNetwork.forward``); a model with only ``call`` works too,
+    without attention diagnostics.
+    """
+
+    model: keras.Model
+    optimizer: keras.optimizers.Optimizer
+    loss: Loss = robust_loss
+    gradient_transform: GradientTransform | None = None
+
+
+@dataclass(frozen=True)
+class Variant:
+    name: str
+    description: str
+    build: Callable[[BuildContext], Recipe]
+
+
+_variants: dict[str, Variant] = {}  # name -> Variant
+
+
+def register_variant(
+    fn: Callable[[BuildContext], Recipe] | None = None,
+    *,
+    name: str | None = None,
+    description: str | None = None,
+) -> Any:
+    """Decorator: register ``fn`` as a variant named ``name`` (default: the function's name).
+
+    The description defaults to the first line of ``fn``'s docstring.
+    """
+
+    def decorate(builder: Callable[[BuildContext], Recipe]) -> Callable[[BuildContext], Recipe]:
+        key = name or builder.__name__
+        text = description if description is not None else _first_line(builder.__doc__)
+        old = _variants.get(key)
+        if old is not None and _qualified(old.build) != _qualified(builder):
+            raise StabilityError(
+                f"variant {key!r} is already registered by {_qualified(old.build)}; "
+                "choose another name"
+            )
+        _variants[key] = Variant(key, text, builder)
+        return builder
+
+    return decorate(fn) if fn is not None else decorate
+
+
+def get_variant(name: str) -> Variant:
+    """The variant called ``name``; an unknown name raises ``NameNotFound`` with a suggestion."""
+    if name not in _variants:
+        raise NameNotFound("variant", name, _variants)
+    return _variants[name]
+
+
+def list_variants(filter: str | None = None) -> list[Variant]:
+    """Registered variants in name order, optionally those whose name contains ``filter``."""
+    return [v for k, v in sorted(_variants.items()) if filter is None or filter in k]
+
+
+def _first_line(doc: str | None) -> str:
+    lines = (doc or "").strip().splitlines()
+    return lines[0].strip() if lines else ""
+
+
+def _qualified(fn: Callable[..., Any]) -> str:
+    return f"{fn.__module__}.{fn.__qualname__}"
+
+
+def create_recipe(
+    ctx: BuildContext,
+    *,
+    edge_mode: str = "raw",
+    softmax: str = "naive",
+    net_kernel_constraint: Any = None,
+    net_kernel_regularizer: Any = None,
+    optimizer_options: dict[str, Any] | None = None,
+    loss: Loss = robust_loss,
+    gradient_transform: GradientTransform | None = None,
+) -> Recipe:
+    """The seed's model and Adam with the given changes; every built-in variant calls this."""
+    model = GraphNetwork(
+        ctx.num_features,
+        hidden=ctx.hidden,
+        num_layers=ctx.num_layers,
+        edge_mode=edge_mode,
+        edge_mean=ctx.edge_mean,
+        edge_std=ctx.edge_std,
+        softmax=softmax,
+        net_kernel_constraint=net_kernel_constraint,
+        net_kernel_regularizer=net_kernel_regularizer,
+        dtype=ctx.dtype,
+    )
+    optimizer = keras.optimizers.Adam(ctx.learning_rate, **(optimizer_options or {}))
+    return Recipe(model, optimizer, loss, gradient_transform)
+
+
+@register_variant
+def raw_e(ctx: BuildContext) -> Recipe:
+    """the seed: concat raw e, naive softmax (expected to fail)"""
+    return create_recipe(ctx)
+
+
+@register_variant
+def sigmoid_e(ctx: BuildContext) -> Recipe:
+    """concat sigmoid(e) instead of e (the seed's first fix)"""
+    return create_recipe(ctx, edge_mode="sigmoid")
+
+
+@register_variant
+def normalized_e(ctx: BuildContext) -> Recipe:
+    """e standardized with the training set's mean and std"""
+    return create_recipe(ctx, edge_mode="normalized")
+
+
+@register_variant
+def weight_constrained(ctx: BuildContext) -> Recipe:
+    """Net kernel with MinMaxNorm(1e-30, 1.0) and l2(1e-6) (the seed's accepted fix)"""
+    return create_recipe(
+        ctx,
+        net_kernel_constraint=keras.constraints.MinMaxNorm(min_value=1e-30, max_value=1.0),
+        net_kernel_regularizer=keras.regularizers.L2(1e-6),
+    )
+
+
+@register_variant
+def stable_softmax(ctx: BuildContext) -> Recipe:
+    """segment max subtracted before exp (the textbook fix)"""
+    return create_recipe(ctx, softmax="stable")
+
+
+@register_variant
+def no_e(ctx: BuildContext) -> Recipe:
+    """e left out of z (control; the seed says it avoids the NaN)"""
+    return create_recipe(ctx, edge_mode="none")
+
+
+@register_variant
+def relu_e(ctx: BuildContext) -> Recipe:
+    """concat relu(e) (control; the seed says it fails)"""
+    return create_recipe(ctx, edge_mode="relu")
+
+
+def _clip_gradients(
+    gradients: list[tf.Tensor], global_norm: float, value: float
+) -> list[tf.Tensor]:
+    clipped, _ = tf.clip_by_global_norm(gradients, global_norm)
+    return [tf.clip_by_value(g, -value, value) for g in clipped]
+
+
+@register_variant
+def grad_clip(ctx: BuildContext) -> Recipe:
+    """Adam clipnorm=1, clipvalue=5, plus global-norm clipping 1.0 (control; seed: fails)"""
+    # Keras 3 accepts only one of clipnorm/clipvalue on an optimizer, so Adam keeps clipnorm
+    # and the clipvalue=5 of the seed's Adam runs in the gradient transform, after the
+    # seed's tf.clip_by_global_norm(gradients, 1.0).
+    return create_recipe(
+        ctx,
+        optimizer_options={"clipnorm": 1.0},
+        gradient_transform=partial(_clip_gradients, global_norm=1.0, value=5.0),
+    )
+
+
+@register_variant
+def sigma_clip(ctx: BuildContext) -> Recipe:
+    """log sigma clipped to [-4, 1] in the loss (control; the seed says it fails)"""
+    return create_recipe(ctx, loss=partial(robust_loss, log_sigma_clip=(-4.0, 1.0)))

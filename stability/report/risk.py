@@ -1,0 +1,144 @@
+"""Risk per variant: how fast max |attention logit| grows, and when it would reach ``exp``'s
+limit.
+
+A run that stayed finite within its epoch budget may only have delayed its NaN. The trend
+of its max |logit| over the last half of its epochs (a least-squares line, per run) says by
+how much: the epoch at which that line crosses the nearer ``exp`` line of the run's dtype
+(``stability.core.limits``). A variant whose finite runs cross it a few budgets later only
+delays the NaN; one whose logits do not grow is not at risk from ``exp``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+
+from stability.core.limits import exp_limits
+
+#: The fraction of a run's epochs, counted from its end, that its trend is fitted to: the
+#: early epochs of training move fast and say little about where the logits are heading.
+TREND_FRACTION = 0.5
+
+#: Grouping of runs into the rows of a report.
+GROUP_KEYS = ["learning_rate", "batch_size", "variant"]
+
+
+def logit_trend(epochs: np.ndarray, max_abs_logit: np.ndarray) -> tuple[float, float]:
+    """(slope per epoch, intercept) of the least-squares line through the last
+    ``TREND_FRACTION`` of the finite points; NaNs if fewer than two remain.
+
+    Shapes: ``epochs`` and ``max_abs_logit`` are ``[num_epochs]``.
+    """
+    keep = np.isfinite(max_abs_logit)
+    epochs, values = epochs[keep], max_abs_logit[keep]
+    start = int(len(epochs) * (1 - TREND_FRACTION))
+    epochs, values = epochs[start:], values[start:]
+    if len(epochs) < 2:
+        return math.nan, math.nan
+    slope, intercept = np.polyfit(epochs.astype(np.float64), values.astype(np.float64), 1)
+    return float(slope), float(intercept)
+
+
+def crossing_epoch(slope: float, intercept: float, line: float) -> float:
+    """The epoch at which ``intercept + slope * epoch`` reaches ``line``; inf if it never
+    grows."""
+    if not math.isfinite(slope) or slope <= 0:
+        return math.inf
+    return (line - intercept) / slope
+
+
+def run_risks(results: pd.DataFrame, history: pd.DataFrame) -> pd.DataFrame:
+    """One row per run: its trend, the line it is heading for and when it would cross it."""
+    # A run is one seed on one data set (a case may train on several data sets).
+    keys = ["variant", "seed", "dataset", "batch_size", "learning_rate"]
+    dtypes = results.set_index(keys)["dtype"]
+    finals = results.set_index(keys)["first_nan_epoch"]
+    rows = []
+    for key, run in history.groupby(keys, sort=False):
+        run = run.sort_values("epoch")
+        slope, intercept = logit_trend(run["epoch"].to_numpy(), run["max_abs_logit"].to_numpy())
+        dtype = str(dtypes.get(key, "float32"))
+        name, line = exp_limits(dtype).nearest
+        hit = finals.get(key)
+        rows.append(
+            {
+                **dict(zip(keys, key, strict=True)),
+                "slope": slope,
+                "line": line,
+                "line_name": name,
+                "hit_nan": hit is not None and not pd.isna(hit),
+                "last_epoch": int(run["epoch"].max()),
+                "peak": float(run["max_abs_logit"].max()),
+                "crossing": crossing_epoch(slope, intercept, line),
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+def risk_table(results: pd.DataFrame, history: pd.DataFrame) -> pd.DataFrame:
+    """One row per (learning rate, batch size, variant) with its risk line."""
+    runs = run_risks(results, history)
+    rows = []
+    for (lr, batch_size, variant), group in results.groupby(GROUP_KEYS, sort=False):
+        variant_runs = runs[
+            (runs["variant"] == variant)
+            & (runs["batch_size"] == batch_size)
+            & (runs["learning_rate"] == lr)
+        ]
+        if variant_runs.empty:
+            continue
+        budget = int(group["epochs"].max())
+        rows.append(
+            {
+                "variant": variant,
+                "lr": f"{lr:g}",
+                "batch": int(batch_size),
+                "max abs logit growth per epoch, median": f"{variant_runs['slope'].median():+.3f}",
+                "line": f"{variant_runs['line'].iloc[0]:.2f} ({variant_runs['line_name'].iloc[0]})",
+                "trend crosses it at epoch (finite runs), median": _crossing(variant_runs),
+                "risk": risk_line(variant_runs, budget),
+            }
+        )
+    table = pd.DataFrame(rows)
+    for column in ("lr", "batch"):
+        if not table.empty and table[column].nunique() == 1:
+            table = table.drop(columns=column)
+    return table
+
+
+def _crossing(runs: pd.DataFrame) -> str:
+    finite = runs.loc[~runs["hit_nan"] & ~(runs["peak"] > runs["line"]), "crossing"]
+    if finite.empty:
+        return "-"
+    median = finite.median()
+    return "never" if math.isinf(median) else f"{median:.0f}"
+
+
+def risk_line(runs: pd.DataFrame, budget: int) -> str:
+    """A sentence on one variant's runs: NaN, delayed NaN, or no growth toward the line."""
+    hits = int(runs["hit_nan"].sum())
+    finite = runs.loc[~runs["hit_nan"], "crossing"]
+    parts = []
+    if hits:
+        parts.append(f"NaN in {hits}/{len(runs)} runs")
+    past = runs.loc[~runs["hit_nan"] & (runs["peak"] > runs["line"])]
+    if not past.empty:
+        # exp never saw these logits raw (a max-subtracted softmax, say): the line does
+        # not bound them, so their growth is no risk of this kind.
+        parts.append(
+            f"{len(past)} finite run(s) went past the line and stayed finite: "
+            "exp does not see the raw logit"
+        )
+        finite = finite.drop(past.index)
+    if not finite.empty:
+        median = finite.median()
+        if math.isinf(median) or median > 10 * budget:
+            parts.append("finite runs: logits not heading for the line")
+        else:
+            parts.append(
+                f"finite runs only delay it: trend reaches the line near epoch {median:.0f} "
+                f"({median / budget:.1f}x the {budget}-epoch budget)"
+            )
+    return "; ".join(parts)

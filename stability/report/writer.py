@@ -1,0 +1,250 @@
+"""Reports rendered from result rows: the CSV and the markdown summary per case.
+
+Everything here reads a ``DataFrame`` with the ``RESULT_FIELDS`` columns, so a report can be
+regenerated from a committed CSV alone (``python -m stability report reports/seed.csv``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from stability.core.errors import NameNotFound, StabilityError
+from stability.core.files import atomic_write_text
+from stability.core.limits import exp_limits
+from stability.core.results import HISTORY_FIELDS, RESULT_FIELDS, RunResult
+from stability.report.plots import write_plots
+from stability.report.risk import TREND_FRACTION, risk_table
+from stability.report.summary import Setting, best_finite, settings
+
+
+def results_frame(results: Sequence[RunResult]) -> pd.DataFrame:
+    """The result rows as a ``DataFrame`` with the ``RESULT_FIELDS`` columns."""
+    return pd.DataFrame([r.row() for r in results], columns=list(RESULT_FIELDS))
+
+
+def read_results(path: str | Path) -> pd.DataFrame:
+    """Read a results CSV, checking that it has the ``RESULT_FIELDS`` columns."""
+    path = Path(path)
+    if not path.exists():
+        raise StabilityError(f"{path}: no such results file")
+    return _read_table(path, RESULT_FIELDS, "results")
+
+
+def history_frame(results: Sequence[RunResult]) -> pd.DataFrame:
+    """Every epoch of every run, with the ``HISTORY_FIELDS`` columns."""
+    rows = [row for r in results for row in r.history_rows()]
+    return pd.DataFrame(rows, columns=list(HISTORY_FIELDS))
+
+
+def read_history(path: str | Path) -> pd.DataFrame | None:
+    """The history CSV at ``path``, or None if there is none (a report without plots)."""
+    path = Path(path)
+    return _read_table(path, HISTORY_FIELDS, "history") if path.exists() else None
+
+
+def _read_table(path: Path, fields: Sequence[str], kind: str) -> pd.DataFrame:
+    """Read a CSV of ours, checking that it has ``fields``; one-line errors otherwise."""
+    try:
+        frame = pd.read_csv(path)
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as exc:
+        raise StabilityError(f"{path}: not a {kind} CSV ({exc})") from None
+    missing = [c for c in fields if c not in frame.columns]
+    if missing:
+        raise StabilityError(f"{path}: not a {kind} CSV; missing columns {', '.join(missing)}")
+    return frame
+
+
+def summary_table(frame: pd.DataFrame) -> pd.DataFrame:
+    """One row per (learning rate, batch size, variant): how often and when it hit a NaN."""
+    best = best_finite(frame)
+    rows = []
+    for (lr, batch_size, variant), s in settings(frame):
+        rows.append(
+            {
+                "variant": variant,
+                "lr": f"{lr:g}",
+                "batch": int(batch_size),
+                "runs": s.runs,
+                "NaN in": f"{s.nan_runs}/{s.runs}",
+                "first NaN epoch, median [min-max]": _median_range(s.nan_epochs),
+                "where": ", ".join(s.wheres()) or "-",
+                "final MAE, median [IQR]": _median_iqr(s.final_maes),
+                "final MAE / best finite": _relative(s, best),
+                "best MAE, median": _median(s.rows["best_mae"]),
+                "MAE before NaN, median": _median(s.rows["mae_before_nan"]),
+                "max abs logit, median": _median(s.rows["max_abs_logit"], digits=1),
+                "NaN in input": f"{s.input_runs}/{s.runs}",
+            }
+        )
+    table = pd.DataFrame(rows)
+    if (frame["first_nan_where"] != "input").all():
+        table = table.drop(columns="NaN in input")
+    # Settings that do not vary in the case are stated once above the table, not per row.
+    for column in ("lr", "batch"):
+        if table[column].nunique() == 1:
+            table = table.drop(columns=column)
+    return table
+
+
+def _relative(s: Setting, best: tuple[str, float] | None) -> str:
+    if best is None or not len(s.final_maes) or best[1] <= 0:
+        return "-"
+    return f"{s.final_mae / best[1]:.2f}x"
+
+
+def _median_iqr(values: pd.Series) -> str:
+    values = values.dropna()
+    if not len(values):
+        return "-"
+    q1, q2, q3 = values.quantile([0.25, 0.5, 0.75])
+    return f"{q2:.3f} [{q1:.3f}-{q3:.3f}]"
+
+
+def markdown_report(
+    frame: pd.DataFrame, case: str, description: str = "", history: pd.DataFrame | None = None
+) -> str:
+    """The case's markdown report; with ``history``, also the risk lines and the plots."""
+    first = frame.iloc[0]
+    settings = pd.DataFrame(
+        {
+            "setting": [
+                "data set",
+                "epochs (budget)",
+                "dtype",
+                "seeds",
+                "batch sizes",
+                "learning rates",
+                "TensorFlow",
+            ],
+            "value": [
+                # A case with num_datasets > 1 trains on several; name each of them.
+                "<br>".join(f"`{key}`" for key in frame["dataset"].unique()),
+                str(int(first["epochs"])),
+                str(first["dtype"]),
+                ", ".join(str(s) for s in sorted(frame["seed"].unique())),
+                ", ".join(str(b) for b in sorted(frame["batch_size"].unique())),
+                ", ".join(f"{x:g}" for x in sorted(frame["learning_rate"].unique())),
+                str(first["tf_version"]),
+            ],
+        }
+    )
+    variants = pd.DataFrame(
+        [{"variant": v, "what it changes": _describe(v)} for v in frame["variant"].unique()]
+    )
+    parts = [
+        f"# Case `{case}`",
+        description.strip(),
+        "Generated by `stability` from `" + f"{case}.csv`" + " (one row per training run).",
+        "## Settings",
+        settings.to_markdown(index=False),
+        "## Variants",
+        variants.to_markdown(index=False),
+        "## Results",
+        _reference_line(frame),
+        summary_table(frame).to_markdown(index=False),
+        *(_history_sections(frame, history, case) if history is not None else []),
+        _READING_GUIDE,
+    ]
+    return "\n\n".join(p for p in parts if p) + "\n"
+
+
+def _reference_line(frame: pd.DataFrame) -> str:
+    best = best_finite(frame)
+    if best is None:
+        return "No variant stayed finite in every run: no reference for relative MAE."
+    return (
+        f"MAE is relative to `{best[0]}` (median final MAE {best[1]:.3f}), the best variant "
+        "none of whose runs hit a NaN."
+    )
+
+
+def _history_sections(frame: pd.DataFrame, history: pd.DataFrame, case: str) -> list[str]:
+    dtype = str(frame["dtype"].iloc[0])
+    limits = exp_limits(dtype)
+    return [
+        "## Risk",
+        (
+            f"Growth of max |attention logit| per epoch: a least-squares line over the last "
+            f"{TREND_FRACTION:.0%} of each run's epochs, median over the runs. The history keeps "
+            f"max |logit|, so its sign is lost; the line is the nearer of `exp`'s two "
+            f"{limits.dtype} limits: overflow above +{limits.overflow:.2f} and flush-to-zero "
+            f"underflow below -{limits.underflow:.2f} (when every logit into a node is below "
+            "it, the naive softmax computes 0/0). For runs that stayed finite, the epoch at "
+            "which the trend would reach the line."
+        ),
+        risk_table(frame, history).to_markdown(index=False),
+        "## Plots",
+        f"![max |attention logit| per epoch]({case}.logits.png)",
+        f"![validation MAE per epoch]({case}.mae.png)",
+    ]
+
+
+_READING_GUIDE = """\
+## How to read this
+
+- **NaN in k/n**: in k of the n runs (seeds) some value of the training step was not finite
+  (NaN or Inf) within the epoch budget. The run stops there.
+- **first NaN epoch**: the epoch (from 1) of the first non-finite value, median over the
+  runs that hit one, with the range. `-` means no run hit one.
+- **where**: the first stage of the step that was not finite: `forward` (predictions,
+  attention logits or attention weights), `loss`, `gradient` or `weights` (after the
+  update).
+- **final MAE**: validation MAE in the target's own units after the last epoch, for runs that
+  stayed finite, median with the interquartile range. **/ best finite**: that median divided
+  by the best median of a variant none of whose runs hit a NaN. **MAE before NaN**: the
+  validation MAE after the last whole epoch before the NaN.
+- **max abs logit**: the largest |attention logit| seen; `exp` overflows float32 above +88.72
+  and, with denormals flushed to zero, returns 0 below -87.34.
+- **NaN in input** (only when some run had it): runs whose data held NaN or Inf, allowed by
+  the case's `allow_nonfinite_input`; they were not trained and do not count under NaN in.
+"""
+
+
+def _describe(variant: str) -> str:
+    # Imported here: the variants bring TensorFlow, which `compare` (CSV only) never needs.
+    from stability.model.variants import get_variant
+
+    try:
+        return get_variant(variant).description
+    except NameNotFound:
+        return "(not registered in this session)"
+
+
+def _median(values: pd.Series, digits: int = 3) -> str:
+    values = values.dropna()
+    return f"{values.median():.{digits}f}" if len(values) else "-"
+
+
+def _median_range(values: pd.Series) -> str:
+    if not len(values):
+        return "-"
+    return f"{np.median(values):g} [{values.min():g}-{values.max():g}]"
+
+
+def write_reports(
+    frame: pd.DataFrame,
+    out_dir: Path,
+    case: str,
+    description: str = "",
+    history: pd.DataFrame | None = None,
+) -> Path:
+    """Write ``<case>.md`` (and, with ``history``, its PNGs) into ``out_dir``; return the
+    markdown's path."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if history is not None and not history.empty:
+        nan = frame[frame["first_nan_epoch"].notna()]
+        nan_runs = frozenset(
+            nan[["learning_rate", "batch_size", "variant", "seed", "dataset"]].itertuples(
+                index=False, name=None
+            )
+        )
+        write_plots(history, out_dir, case, str(frame["dtype"].iloc[0]), nan_runs)
+    else:
+        history = None
+    path = out_dir / f"{case}.md"
+    atomic_write_text(path, markdown_report(frame, case, description, history))
+    return path

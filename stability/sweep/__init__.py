@@ -1,0 +1,1 @@
+"""The sweep layer: case files, the run store and the executors that run a case."""

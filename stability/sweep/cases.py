@@ -1,0 +1,186 @@
+"""Case files: a sweep described as data (TOML), parsed with ``tomllib`` and validated.
+
+A case is parameters with names and no control flow. Every key is checked where it enters,
+and a bad one gets a one-line ``CaseError`` naming the file, the key, the value and what
+is accepted.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+import sys
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised by the 3.10 tox environment
+    import tomli as tomllib
+
+from stability.core.errors import CaseError, StabilityError
+from stability.data import dataset_parameters, list_datasets
+from stability.model.variants import get_variant, list_variants
+from stability.train.trainer import DTYPES, default_dtype
+
+
+@dataclass(frozen=True)
+class Case:
+    """A validated sweep: variants x seeds x batch sizes x learning rates on one data set."""
+
+    name: str
+    description: str = ""
+    variants: tuple[str, ...] = ()
+    seeds: tuple[int, ...] = (0, 1, 2)
+    batch_sizes: tuple[int, ...] = (32,)
+    learning_rates: tuple[float, ...] = (1e-2,)
+    epochs: int = 100
+    dtype: str = field(default_factory=default_dtype)
+    stop_at_nan: bool = True
+    #: Compile the training step with XLA, on batches padded to one shape per run.
+    jit_compile: bool = False
+    #: Data with NaN/Inf is an error unless this is set; then each run records
+    #: ``first_nan_where = "input"`` without training (never counted as a training NaN).
+    allow_nonfinite_input: bool = False
+    hidden: int = 32
+    num_layers: int = 1
+    dataset: str = "synthetic"
+    dataset_params: Mapping[str, Any] = field(default_factory=dict)
+    #: How many data sets to train every run on: data set k is built with seed
+    #: ``dataset.seed + k`` (one draw per seed for the ``generated`` data set).
+    num_datasets: int = 1
+
+
+def _positive_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
+def _nonnegative_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _finite_number(value: Any) -> bool:
+    """An int or float that converts to a finite float (a 400-digit TOML integer does not)."""
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return False
+    try:
+        return math.isfinite(float(value))
+    except OverflowError:
+        return False
+
+
+def _positive_float(value: Any) -> bool:
+    return _finite_number(value) and value > 0
+
+
+def _list_of(check: Callable[[Any], bool]) -> Callable[[Any], bool]:
+    return lambda value: isinstance(value, list) and bool(value) and all(map(check, value))
+
+
+# key -> (check, what is accepted); the top level of a case file.
+_TOP_LEVEL: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "name": (lambda v: isinstance(v, str) and v.isidentifier(), "letters, digits and _"),
+    "description": (lambda v: isinstance(v, str), "a string"),
+    "variants": (_list_of(lambda v: isinstance(v, str)), "a non-empty list of variant names"),
+    "seeds": (_list_of(_nonnegative_int), "a non-empty list of integers >= 0"),
+    "batch_sizes": (_list_of(_positive_int), "a non-empty list of integers > 0"),
+    "learning_rates": (_list_of(_positive_float), "a non-empty list of numbers > 0"),
+    "epochs": (_positive_int, "an integer > 0"),
+    "dtype": (lambda v: v in DTYPES, f"one of {', '.join(DTYPES)}"),
+    "stop_at_nan": (lambda v: isinstance(v, bool), "true or false"),
+    "jit_compile": (lambda v: isinstance(v, bool), "true or false"),
+    "allow_nonfinite_input": (lambda v: isinstance(v, bool), "true or false"),
+    "num_datasets": (_positive_int, "an integer > 0"),
+}
+_MODEL: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "hidden": (_positive_int, "an integer > 0"),
+    "num_layers": (_positive_int, "an integer > 0"),
+}
+_TABLES = ("model", "dataset")
+
+
+def load_case(path: str | Path) -> Case:
+    """Read and validate the case file at ``path``."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise CaseError(f"{path}: no such case file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise CaseError(f"{path}: cannot read the case file ({exc})") from None
+    return parse_case(text, source=str(path), default_name=path.stem)
+
+
+def parse_case(text: str, source: str = "<case>", default_name: str = "case") -> Case:
+    """Parse and validate case TOML ``text``; ``source`` names it in errors."""
+    try:
+        doc = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise CaseError(f"{source}: not valid TOML: {exc}") from None
+    _check_keys(source, "", doc, [*_TOP_LEVEL, *_TABLES])
+    for key, value in doc.items():
+        if key in _TOP_LEVEL:
+            _check_value(source, key, value, *_TOP_LEVEL[key])
+    model = _table(source, doc, "model")
+    _check_keys(source, "model.", model, list(_MODEL))
+    for key, value in model.items():
+        _check_value(source, f"model.{key}", value, *_MODEL[key])
+    dataset_name, dataset_params = _dataset(source, _table(source, doc, "dataset"))
+    variants = tuple(doc.get("variants", [v.name for v in list_variants()]))
+    for name in variants:
+        try:
+            get_variant(name)
+        except StabilityError as exc:
+            raise CaseError(f"{source}: variants: {exc}") from None
+    top = {k: tuple(v) if isinstance(v, list) else v for k, v in doc.items() if k in _TOP_LEVEL}
+    top.setdefault("name", default_name)
+    top["variants"] = variants
+    top["learning_rates"] = tuple(float(v) for v in top.get("learning_rates", Case.learning_rates))
+    return Case(**top, **model, dataset=dataset_name, dataset_params=dataset_params)
+
+
+def _table(source: str, doc: dict[str, Any], key: str) -> dict[str, Any]:
+    value = doc.get(key, {})
+    if not isinstance(value, dict):
+        raise CaseError(f"{source}: [{key}] must be a table, got {value!r}")
+    return value
+
+
+def _dataset(source: str, table: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    name = table.get("name", "synthetic")
+    if name not in list_datasets():
+        _check_value(source, "dataset.name", name, lambda v: False, f"one of {list_datasets()}")
+    defaults = dataset_parameters(name)
+    params = {k: v for k, v in table.items() if k != "name"}
+    _check_keys(source, "dataset.", params, list(defaults))
+    for key, value in params.items():
+        default = defaults[key]
+        kind = type(default)
+        ok = isinstance(value, kind) and not (kind is int and isinstance(value, bool))
+        if kind is float and isinstance(value, int) and not isinstance(value, bool):
+            ok = _finite_number(value)
+            value = float(value) if ok else value
+        if kind is float and ok and not _finite_number(value):
+            ok = False
+        _check_value(source, f"dataset.{key}", value, lambda v, ok=ok: ok, f"a {kind.__name__}")
+        params[key] = value
+    return name, params
+
+
+def _check_keys(source: str, prefix: str, table: Mapping[str, Any], known: list[str]) -> None:
+    for key in table:
+        if key not in known:
+            close = difflib.get_close_matches(key, known, n=1)
+            hint = f" Did you mean {prefix}{close[0]!r}?" if close else ""
+            raise CaseError(
+                f"{source}: unknown key {prefix}{key!r}.{hint} Valid keys: {', '.join(known)}."
+            )
+
+
+def _check_value(
+    source: str, key: str, value: Any, check: Callable[[Any], bool], accepted: str
+) -> None:
+    if not check(value):
+        raise CaseError(f"{source}: {key} = {value!r} is not valid; expected {accepted}.")

@@ -1,0 +1,133 @@
+"""A sweep: every (learning rate, batch size, variant, seed) of a case, on each of the case's
+data sets; every variant trains on the same data sets."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+from pathlib import Path
+
+from tqdm.auto import tqdm
+
+from stability.core.results import RunResult
+from stability.data import Dataset, load_dataset
+from stability.model.variants import get_variant
+from stability.sweep.cases import Case
+from stability.sweep.store import RunStore, run_key
+from stability.train.trainer import TrainConfig, Trainer
+
+
+def run_configs(case: Case) -> Iterator[tuple[str, TrainConfig]]:
+    """(variant name, config) for every run of ``case``, in a fixed order."""
+    for lr, batch_size, variant, seed in itertools.product(
+        case.learning_rates, case.batch_sizes, case.variants, case.seeds
+    ):
+        yield (
+            variant,
+            TrainConfig(
+                case=case.name,
+                seed=seed,
+                batch_size=batch_size,
+                learning_rate=lr,
+                epochs=case.epochs,
+                dtype=case.dtype,
+                hidden=case.hidden,
+                num_layers=case.num_layers,
+                stop_at_nan=case.stop_at_nan,
+                jit_compile=case.jit_compile,
+            ),
+        )
+
+
+def case_datasets(case: Case) -> list[Dataset]:
+    """The case's ``num_datasets`` data sets, data set k built with seed ``dataset.seed + k``,
+    so the same case always gives the same data sets, shared by every variant."""
+    params = {"seed": 0, **case.dataset_params}
+    return [
+        load_dataset(
+            case.dataset,
+            allow_nonfinite=case.allow_nonfinite_input,
+            **{**params, "seed": params["seed"] + k},
+        )
+        for k in range(case.num_datasets)
+    ]
+
+
+def run_case(
+    case: Case,
+    out_dir: Path | None = None,
+    progress: bool = True,
+    resume: bool = False,
+    overwrite: bool = False,
+    workers: int = 1,
+) -> list[RunResult]:
+    """Train every run of ``case``; with ``out_dir``, append each run's rows to
+    ``<case>.csv`` and ``<case>.history.csv`` durably as it finishes, so an interrupted
+    sweep keeps what it finished. With ``resume``, runs already in the CSV are skipped
+    (and not returned); with ``overwrite``, an existing CSV's rows are discarded.
+    ``workers > 1`` trains that many runs at once in worker processes; the rows and their
+    order stay those of a serial sweep (timing columns aside). A ``jit_compile`` case
+    always trains in workers of one thread each, so that its rows do not depend on
+    ``workers`` either (``stability.sweep.workers``)."""
+    datasets = case_datasets(case)
+    store = None
+    if out_dir is not None:
+        settings = {"epochs": case.epochs, "dtype": case.dtype}
+        store = RunStore(out_dir, case.name, resume, settings, overwrite)
+    configs = [
+        (dataset, variant, config)
+        for dataset in datasets
+        for variant, config in run_configs(case)
+        if store is None or _key(variant, config, dataset) not in store.done
+    ]
+    if workers > 1 or case.jit_compile:
+        from stability.sweep.workers import XLA_THREADS, run_in_workers
+
+        on_result = store.add if store is not None else None
+        # XLA's results depend on its thread count: pin it, whatever --workers is.
+        threads = XLA_THREADS if case.jit_compile else None
+        results = run_in_workers(
+            configs, workers, progress, on_result, desc=case.name, intra_threads=threads
+        )
+        if store is not None:
+            store.finish()
+        return results
+    results: list[RunResult] = []
+    runs = tqdm(configs, desc=case.name, unit="run", disable=not progress, dynamic_ncols=True)
+    for dataset, variant_name, config in runs:
+        label = (
+            f"{variant_name} seed={config.seed} bs={config.batch_size} lr={config.learning_rate:g}"
+        )
+        if len(datasets) > 1:
+            label += f" data={datasets.index(dataset)}"
+        runs.set_postfix_str(label)
+        epochs = tqdm(
+            total=config.epochs,
+            desc="  epochs",
+            unit="ep",
+            leave=False,
+            disable=not progress,
+            dynamic_ncols=True,
+        )
+
+        def on_epoch(record, epochs=epochs):
+            epochs.update(1)
+            epochs.set_postfix(loss=f"{record.train_loss:.3g}", logit=f"{record.max_abs_logit:.3g}")
+
+        try:
+            result = Trainer(get_variant(variant_name), dataset, config, on_epoch).run()
+        finally:
+            epochs.close()
+        if progress:
+            index = datasets.index(dataset) if len(datasets) > 1 else None
+            runs.write(result.summary_line(index))
+        results.append(result)
+        if store is not None:
+            store.add(result)
+    if store is not None:
+        store.finish()
+    return results
+
+
+def _key(variant: str, config: TrainConfig, dataset: Dataset) -> tuple[str, ...]:
+    return run_key({**vars(config), "variant": variant, "dataset": dataset.key})

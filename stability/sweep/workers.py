@@ -1,0 +1,145 @@
+"""A pool of worker processes that trains the runs of a sweep in parallel.
+
+Runs are independent (each seeds everything and builds its own model), so N processes train
+N runs at once. Every worker is a fresh ``spawn``-ed interpreter: a forked child would
+inherit TensorFlow's already-started thread pools, and the pools' sizes can only be set
+before TensorFlow runs its first op. Each worker gets ``cores // workers`` intra-op threads
+and one inter-op thread, so that N workers do not oversubscribe the cores (a model this
+small gains little from intra-op threads, and oversubscription costs a lot).
+
+Results come back in the order of the configs given, whatever order the runs finish in, so
+a parallel sweep writes the same rows in the same order as a serial one.
+
+Runs under ``jit_compile`` always train here, on ``XLA_THREADS`` intra-op thread each, even
+with one worker: XLA splits its loops by the number of threads, so its results depend on
+it (``tests/test_xla_threads.py`` shows a first-NaN step that moves with the thread count).
+Without XLA, TensorFlow's deterministic ops give the same rows on any number of threads.
+"""
+
+from __future__ import annotations
+
+import importlib
+import multiprocessing
+import os
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future, ProcessPoolExecutor
+from typing import TYPE_CHECKING
+
+from tqdm.auto import tqdm
+
+from stability.core.errors import StabilityError
+from stability.core.quiet import stderr_silenced
+from stability.core.results import RunResult
+from stability.data import Dataset
+
+if TYPE_CHECKING:
+    # Not at run time: a spawned worker imports this module before _start_worker can
+    # silence TensorFlow's start-up notices, and the trainer imports TensorFlow.
+    from stability.train.trainer import TrainConfig
+
+#: (data set, variant name, config) of one run, as ``runner.run_case`` lists them.
+RunConfig = tuple[Dataset, str, "TrainConfig"]
+
+
+#: Intra-op threads of a worker that trains runs under XLA (see the module docstring).
+XLA_THREADS = 1
+
+
+def thread_counts(workers: int, cores: int | None = None) -> tuple[int, int]:
+    """(intra-op, inter-op) threads for each of ``workers`` processes on ``cores`` cores."""
+    if workers < 1:
+        raise StabilityError(f"--workers {workers} must be at least 1")
+    cores = cores or os.cpu_count() or 1
+    return max(1, cores // workers), 1
+
+
+def variant_modules(names: Sequence[str]) -> list[str]:
+    """The modules that register ``names``; a worker imports them to see the same registry.
+
+    A variant registered in ``__main__`` (a script) cannot be imported by a spawned worker.
+    """
+    from stability.model.variants import get_variant
+
+    modules = []
+    for name in dict.fromkeys(names):
+        module = get_variant(name).build.__module__
+        if module == "__main__":
+            raise StabilityError(
+                f"variant {name!r} is registered in a script (__main__); --workers needs it "
+                "in an importable module passed with --plugin"
+            )
+        modules.append(module)
+    return sorted(set(modules))
+
+
+def _start_worker(intra: int, inter: int, modules: list[str], path: list[str]) -> None:
+    """Size TensorFlow's thread pools before anything runs, then load the variants."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    sys.path[:] = path  # so that a user's --plugin module beside the case imports here too
+    with stderr_silenced():  # as in __main__: TensorFlow's C++ start-up notices
+        import tensorflow as tf
+
+        tf.config.threading.set_intra_op_parallelism_threads(intra)
+        tf.config.threading.set_inter_op_parallelism_threads(inter)
+        tf.constant(0.0)  # start the device (and its CUDA probing) while stderr is silenced
+    for module in modules:
+        importlib.import_module(module)
+
+
+def _train(dataset: Dataset, variant: str, config: TrainConfig) -> RunResult:
+    from stability.model.variants import get_variant
+    from stability.train.trainer import Trainer
+
+    return Trainer(get_variant(variant), dataset, config).run()
+
+
+def run_in_workers(
+    configs: Sequence[RunConfig],
+    workers: int,
+    progress: bool = True,
+    on_result: Callable[[RunResult], None] | None = None,
+    desc: str = "runs",
+    intra_threads: int | None = None,
+) -> list[RunResult]:
+    """Train every run of ``configs`` in ``workers`` processes.
+
+    Returns the results in the order of ``configs``; ``on_result`` sees each one in that
+    order as soon as it and every run before it have finished. ``intra_threads`` overrides
+    each worker's share of the cores (``thread_counts``).
+    """
+    intra, inter = thread_counts(workers)
+    intra = intra_threads or intra
+    modules = variant_modules([variant for _, variant, _ in configs])
+    context = multiprocessing.get_context("spawn")
+    results: list[RunResult] = []
+    bar = tqdm(total=len(configs), desc=desc, unit="run", disable=not progress)
+    with ProcessPoolExecutor(
+        max_workers=workers,
+        mp_context=context,
+        initializer=_start_worker,
+        initargs=(intra, inter, modules, list(sys.path)),
+    ) as pool:
+        # Each task carries its data set: a few MB pickled, against seconds of training.
+        futures = [pool.submit(_train, *run) for run in configs]
+        for future in futures:
+            future.add_done_callback(lambda _, bar=bar: bar.update(1))
+        try:
+            for result in _in_order(futures):
+                if progress:
+                    bar.write(result.summary_line())
+                results.append(result)
+                if on_result is not None:
+                    on_result(result)
+        except BaseException:
+            for future in futures:
+                future.cancel()
+            raise
+        finally:
+            bar.close()
+    return results
+
+
+def _in_order(futures: list[Future]) -> Iterator[RunResult]:
+    for future in futures:
+        yield future.result()

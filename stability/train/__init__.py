@@ -1,0 +1,1 @@
+"""The training layer: the guarded trainer, its finite checks, the replay and NanSentinel."""

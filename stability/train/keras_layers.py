@@ -1,0 +1,26 @@
+"""Every layer of a Keras model at any depth: the one module that uses a private Keras API.
+
+Keras 3 has no public walk over nested layers: ``Model.layers`` lists only the top level,
+and a custom layer's sublayers (the seed's ``Net`` inside a message-passing layer) are
+tracked privately. The replay needs their names to read ``check_numerics`` name scopes, so
+this calls ``Layer._flatten_layers``; ``tests/test_private_apis.py`` fails loudly when a
+Keras release removes or changes it.
+"""
+
+from __future__ import annotations
+
+import keras
+
+#: The private Keras method this module relies on; the test checks it exists.
+PRIVATE_API = "_flatten_layers"
+
+
+def layer_names(model: keras.Layer) -> set[str]:
+    """Names of ``model``'s layers at every depth (``net``, ``message_passing_0``, ...)."""
+    flatten = getattr(model, PRIVATE_API, None)
+    if flatten is None:
+        raise RuntimeError(
+            f"keras {keras.__version__}: Layer.{PRIVATE_API} is gone; "
+            "stability.train.keras_layers needs a new way to walk nested layers"
+        )
+    return {layer.name for layer in flatten(include_self=False)}

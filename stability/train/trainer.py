@@ -1,0 +1,429 @@
+"""The guarded training loop: one variant, one data set, one seed -> one ``RunResult``."""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from stability.core.errors import StabilityError
+from stability.core.results import EpochRecord, RunResult
+from stability.data import Dataset
+from stability.data.graphs import Graph, GraphBatch, batch_graphs
+from stability.data.padding import Budget, budget_for, pad_batch
+from stability.data.prefetch import prefetched
+from stability.model.variants import BuildContext, Recipe, Variant
+from stability.train.checks import all_finite, finite_flags, first_failure, nonfinite_weight_site
+from stability.train.replay import NanSite, replay_step, xla_gradient_site
+
+#: Dtype policies a run accepts: a float dtype, or Keras' mixed policy (float16 compute,
+#: float32 weights), where the naive softmax's exp already overflows above 11.09.
+DTYPES = ("float32", "float64", "mixed_float16")
+
+
+def default_dtype() -> str:
+    """The dtype policy of runs that do not name one: ``$STABILITY_DTYPE`` or float32.
+
+    The tox matrix sets the variable to run the whole suite under each policy.
+    """
+    dtype = os.environ.get("STABILITY_DTYPE", "float32")
+    if dtype not in DTYPES:
+        raise StabilityError(f"STABILITY_DTYPE={dtype!r} must be one of {', '.join(DTYPES)}")
+    return dtype
+
+
+def storage_dtype(dtype: str) -> str:
+    """The dtype of a batch's arrays and of the weights: float32 under a mixed policy."""
+    return "float32" if dtype.startswith("mixed_") else dtype
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """The settings of one run. ``stop_at_nan=False`` trains on past the first NaN, the way
+    an unguarded loop would, to see when (or whether) the loss itself turns non-finite."""
+
+    case: str = "adhoc"
+    seed: int = 0
+    batch_size: int = 32
+    learning_rate: float = 3e-2
+    epochs: int = 100
+    dtype: str = field(default_factory=default_dtype)
+    hidden: int = 32
+    num_layers: int = 1
+    stop_at_nan: bool = True
+    #: Compile the step with XLA; batches are then padded to one shape per run
+    #: (``stability.data.padding``), since XLA compiles once per shape.
+    jit_compile: bool = False
+    #: How many batches a host thread builds ahead (``stability.data.prefetch``); 0 builds each
+    #: batch when the step needs it. 0 by default: the thread needs a free core, and a
+    #: sweep with --workers 2 on 2 cores leaves none (docs/performance.md, "Host-side prefetch").
+    prefetch: int = 0
+
+
+def seed_everything(seed: int) -> None:
+    """Seed Python, NumPy and TensorFlow and make TensorFlow's ops deterministic.
+
+    Without op determinism the same seed gave first NaNs epochs apart (DESIGN.md).
+    """
+    keras.utils.set_random_seed(seed)
+    tf.config.experimental.enable_op_determinism()
+
+
+def forward(model: keras.Model, inputs: dict[str, tf.Tensor]) -> dict[str, Any]:
+    """``model.forward(inputs)`` if the model has it, else its predictions alone."""
+    if hasattr(model, "forward"):
+        return model.forward(inputs)
+    return {"predictions": model(inputs), "logits": [], "alpha": []}
+
+
+def input_signature(
+    num_features: int, dtype: str, padded: bool = False
+) -> tuple[dict[str, tf.TensorSpec], tf.TensorSpec]:
+    """Specs of a ``GraphBatch``'s inputs and targets; every dimension that varies between
+    batches is ``None``, so a compiled step is traced once per run, never per batch.
+    ``padded`` adds the masks of a padded batch."""
+    inputs = {
+        "nodes": tf.TensorSpec([None, num_features], dtype),
+        "edges": tf.TensorSpec([None, 1], dtype),
+        "senders": tf.TensorSpec([None], tf.int32),
+        "receivers": tf.TensorSpec([None], tf.int32),
+        "node_graph": tf.TensorSpec([None], tf.int32),
+        "num_graphs": tf.TensorSpec([], tf.int32),
+    }
+    if padded:
+        inputs["edge_mask"] = tf.TensorSpec([None], tf.bool)
+        inputs["graph_mask"] = tf.TensorSpec([None], tf.bool)
+    return inputs, tf.TensorSpec([None], dtype)
+
+
+def make_train_step(
+    recipe: Recipe, signature: tuple[Any, Any], guard: bool, jit_compile: bool = False
+) -> Callable[..., Any]:
+    """A compiled step: forward, loss, gradients, update, and the fused finiteness check.
+
+    Returns ``flags`` (``[4]`` bool, see ``sentinel.STAGES``) and ``stats``
+    (``[4]``: loss, max |attention logit|, global gradient norm, max |weight|).
+    With ``guard``, a step whose forward pass, loss or gradients are not finite leaves the
+    weights as they were, so the last finite state survives for inspection.
+    """
+    model, optimizer, weights = recipe.model, recipe.optimizer, recipe.model.trainable_variables
+
+    @tf.function(input_signature=signature, reduce_retracing=True, jit_compile=jit_compile)
+    def step(inputs: dict[str, tf.Tensor], targets: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+        with tf.GradientTape() as tape:
+            out = forward(model, inputs)
+            loss = _real_mean(recipe.loss(targets, out["predictions"]), inputs)
+            # Regularizers (the weight_constrained variant's l2) join the optimized loss;
+            # the reported loss stays the seed's robust loss.
+            total = loss + tf.add_n(model.losses) if model.losses else loss
+        gradients = tape.gradient(total, weights)
+        if recipe.gradient_transform is not None:
+            gradients = recipe.gradient_transform(gradients)
+        watched = [out["predictions"], *out["alpha"], *out["logits"]]
+        healthy = all_finite(watched) & all_finite([loss]) & all_finite(gradients)
+        if guard:
+            tf.cond(healthy, lambda: _apply(optimizer, gradients, weights), tf.no_op)
+        else:
+            apply_update(optimizer, gradients, weights)
+        flags = finite_flags(watched, loss, gradients, weights)
+        stats = tf.stack(
+            [
+                tf.cast(loss, tf.float32),
+                _max_abs(out["logits"]),
+                tf.cast(tf.linalg.global_norm(gradients), tf.float32),
+                _max_abs(weights),
+            ]
+        )
+        return flags, stats
+
+    return step
+
+
+def apply_update(optimizer: keras.optimizers.Optimizer, gradients: list, weights: list) -> None:
+    """``optimizer.apply(gradients, weights)`` in a traced step, without leaking the step.
+
+    In a replica context Keras' TensorFlow optimizer first all-reduces the gradients, and
+    TensorFlow wraps that all-reduce in a graph-mode ``tf.custom_gradient``, which registers
+    its gradient function in TensorFlow's global gradient registry for good
+    (tensorflow/tensorflow#27492, #97697). That function holds the traced step's tensors, so
+    every run's step graph stayed alive after ``clear_session()``: about 5.7 MB a run, and
+    runs got slower as the heap grew. Inside ``merge_call`` there is no replica context, so
+    Keras skips the all-reduce: under the default strategy it is a sum over one replica, and
+    the update is the same to the bit.
+    """
+    context = tf.distribute.get_replica_context()
+    if tf.distribute.has_strategy() or context is None:
+        # A real strategy's all-reduce sums its replicas' gradients and must stay; in a
+        # cross-replica context Keras does not all-reduce anyway.
+        optimizer.apply(gradients, weights)
+    else:
+        context.merge_call(lambda _strategy: optimizer.apply(gradients, weights))
+
+
+def _apply(optimizer: keras.optimizers.Optimizer, gradients: list, weights: list) -> tf.Operation:
+    apply_update(optimizer, gradients, weights)
+    return tf.no_op()
+
+
+def _max_abs(tensors: list) -> tf.Tensor:
+    if not tensors:
+        return tf.constant(math.nan, tf.float32)
+    return tf.cast(tf.reduce_max(tf.stack([tf.reduce_max(tf.abs(t)) for t in tensors])), tf.float32)
+
+
+def make_predict(model: keras.Model, signature: tuple[Any, Any]) -> Callable[..., tf.Tensor]:
+    @tf.function(input_signature=signature[:1], reduce_retracing=True)
+    def predict(inputs: dict[str, tf.Tensor]) -> tf.Tensor:
+        return forward(model, inputs)["predictions"]
+
+    return predict
+
+
+class Trainer:
+    """Trains one variant on one data set and watches every step for the first NaN."""
+
+    def __init__(
+        self,
+        variant: Variant,
+        dataset: Dataset,
+        config: TrainConfig,
+        on_epoch: Callable[[EpochRecord], None] | None = None,
+    ):
+        self.variant, self.dataset, self.config, self.on_epoch = variant, dataset, config, on_epoch
+        self.recipe: Recipe | None = None
+
+    def build(self) -> Recipe:
+        """Clear Keras state, seed everything, and build the variant's recipe."""
+        keras.backend.clear_session()
+        seed_everything(self.config.seed)
+        ctx = BuildContext(
+            num_features=self.dataset.num_features,
+            hidden=self.config.hidden,
+            num_layers=self.config.num_layers,
+            learning_rate=self.config.learning_rate,
+            edge_mean=self.dataset.edge_mean,
+            edge_std=self.dataset.edge_std,
+            dtype=self.config.dtype,
+        )
+        recipe = self.variant.build(ctx)
+        # Adam's slots exist before the first compiled step, so tracing never creates them.
+        recipe.optimizer.build(recipe.model.trainable_variables)
+        self.recipe = recipe
+        return recipe
+
+    def run(self) -> RunResult:
+        cfg, data = self.config, self.dataset
+        if data.nonfinite_input is not None:  # the user's NaN, not training's: do not train
+            return input_nan_result(self.variant.name, data, cfg)
+        started = time.perf_counter()
+        recipe = self.build()
+        signature = input_signature(data.num_features, storage_dtype(cfg.dtype))
+        # Under XLA the step takes padded batches (stability.data.padding); validation never does.
+        step_signature = input_signature(
+            data.num_features, storage_dtype(cfg.dtype), padded=cfg.jit_compile
+        )
+        # The first failing step is always guarded, so the weights from before it survive
+        # for the replay; with stop_at_nan=False the run then goes on unguarded.
+        step = make_train_step(recipe, step_signature, guard=True, jit_compile=cfg.jit_compile)
+        predict = make_predict(recipe.model, signature)
+        val_batch = batch_graphs(data.val, dtype=storage_dtype(cfg.dtype))
+        result = new_result(self.variant.name, data, cfg)
+        # Train on a standardized target; MAE is reported back in the target's own units.
+        scaled = (np.array([g.target for g in data.train]) - data.target_mean) / data.target_std
+        rng = np.random.default_rng(cfg.seed)
+        budget = budget_for(data.train, cfg.batch_size) if cfg.jit_compile else None
+        steps, step_seconds = 0, 0.0
+        for epoch in range(1, cfg.epochs + 1):
+            record = EpochRecord(epoch)
+            epoch_stats: list[np.ndarray] = []
+            tick = time.perf_counter()
+            batches = _shuffled_batches(
+                data.train, scaled, cfg.batch_size, rng, storage_dtype(cfg.dtype), budget
+            )
+            for batch, ready in prefetched(batches, cfg.prefetch):
+                flags, stats = (t.numpy() for t in step(ready.as_inputs(), ready.targets))
+                steps += 1
+                if not flags.all() and not result.hit_nan:
+                    self._record_first_nan(result, flags, epoch, steps, (batch, ready))
+                    if not cfg.stop_at_nan:
+                        # Apply the failing update as an unguarded loop would, and go on so.
+                        step = make_train_step(
+                            recipe, step_signature, guard=False, jit_compile=cfg.jit_compile
+                        )
+                        flags, stats = (t.numpy() for t in step(ready.as_inputs(), ready.targets))
+                epoch_stats.append(stats)
+                if not flags[1] and result.loss_nan_epoch is None:
+                    result.loss_nan_epoch = epoch
+                if result.hit_nan and cfg.stop_at_nan:
+                    break
+            step_seconds += time.perf_counter() - tick
+            _summarize_epoch(record, epoch_stats)
+            record.val_mae = self._val_mae(predict, val_batch)
+            result.history.append(record)
+            if self.on_epoch is not None:
+                self.on_epoch(record)
+            if result.hit_nan and cfg.stop_at_nan:
+                break
+        self._finish(result, started, steps, step_seconds)
+        return result
+
+    def _record_first_nan(
+        self,
+        result: RunResult,
+        flags: np.ndarray,
+        epoch: int,
+        steps: int,
+        batches: tuple[GraphBatch, GraphBatch],
+    ) -> None:
+        """Fill the ``first_nan_*`` fields; replay the step to name the layer and op.
+
+        ``batches`` is the batch and what the step was fed (the batch padded, under XLA).
+        """
+        recipe = self.recipe
+        batch, fed = batches
+        result.first_nan_epoch, result.first_nan_step = epoch, steps
+        stage = first_failure(flags)
+        if stage == "weights":  # finite gradients, but the update wrote a non-finite weight
+            site = nonfinite_weight_site(recipe.model.trainable_variables, recipe.optimizer)
+        else:
+            site = replay_step(
+                recipe.model,
+                lambda predictions: _total_loss(recipe, batch.targets, predictions),
+                _as_tensors(batch.as_inputs()),
+                recipe.gradient_transform,
+            )
+        if site is None and self.config.jit_compile and stage == "gradient":
+            inputs = _as_tensors(fed.as_inputs())
+            site = xla_gradient_site(
+                recipe.model,
+                lambda predictions: _total_loss(recipe, fed.targets, predictions, inputs),
+                inputs,
+                recipe.gradient_transform,
+            )
+        # A replay that stayed finite would contradict the check; report what it saw.
+        site = site or NanSite(stage)
+        result.first_nan_where, result.first_nan_layer, result.first_nan_op = (
+            site.where,
+            site.layer,
+            site.op,
+        )
+
+    def _val_mae(self, predict: Callable[..., tf.Tensor], batch: GraphBatch) -> float:
+        mean = predict(batch.as_inputs()).numpy()[:, 0].astype(np.float64)
+        data = self.dataset
+        return float(np.mean(np.abs(mean * data.target_std + data.target_mean - batch.targets)))
+
+    def _finish(self, result: RunResult, started: float, steps: int, seconds: float) -> None:
+        maes = [r.val_mae for r in result.history]
+        finite = [m for m in maes if np.isfinite(m)]
+        # A run that hit a NaN has no final model a user could keep: final_mae stays empty.
+        if not result.hit_nan and maes and np.isfinite(maes[-1]):
+            result.final_mae = maes[-1]
+        result.best_mae = min(finite) if finite else None
+        if result.hit_nan and result.first_nan_epoch > 1:
+            before = maes[result.first_nan_epoch - 2]
+            result.mae_before_nan = before if np.isfinite(before) else None
+        logits = [r.max_abs_logit for r in result.history if np.isfinite(r.max_abs_logit)]
+        result.max_abs_logit = max(logits) if logits else None
+        result.wall_seconds = time.perf_counter() - started
+        result.steps_per_second = steps / seconds if seconds > 0 else 0.0
+
+
+def _real_mean(loss: tf.Tensor, inputs: dict[str, tf.Tensor]) -> tf.Tensor:
+    """A batch-mean ``loss`` as the mean over the real graphs of a padded batch.
+
+    The loss is a mean over all graphs, and a padding graph's term is exactly 0 (see
+    ``GraphNetwork.forward``), so scaling by all graphs over the real ones gives the real
+    graphs' mean. A batch without padding is returned as it is.
+    """
+    if "graph_mask" not in inputs:
+        return loss
+    mask = tf.cast(inputs["graph_mask"], loss.dtype)
+    return loss * (tf.cast(tf.size(mask), loss.dtype) / tf.reduce_sum(mask))
+
+
+def _total_loss(
+    recipe: Recipe, targets: Any, predictions: tf.Tensor, inputs: dict | None = None
+) -> tf.Tensor:
+    """The optimized loss: the variant's loss (over the real graphs of padded ``inputs``)
+    plus the model's regularization losses."""
+    loss = recipe.loss(targets, predictions)
+    if inputs is not None:
+        loss = _real_mean(loss, inputs)
+    return loss + tf.add_n(recipe.model.losses) if recipe.model.losses else loss
+
+
+def _as_tensors(inputs: dict[str, np.ndarray]) -> dict[str, tf.Tensor]:
+    return {name: tf.convert_to_tensor(value) for name, value in inputs.items()}
+
+
+def input_nan_result(variant: str, data: Dataset, cfg: TrainConfig) -> RunResult:
+    """The row of a run whose data holds NaN or +-Inf: ``first_nan_where = "input"``, the
+    graph in ``first_nan_layer`` and the field in ``first_nan_op``; no epoch, no step."""
+    index, field = data.nonfinite_input
+    return new_result(
+        variant,
+        data,
+        cfg,
+        first_nan_where="input",
+        first_nan_layer=f"graph {index}",
+        first_nan_op=field,
+    )
+
+
+def new_result(variant: str, data: Dataset, cfg: TrainConfig, **fields: Any) -> RunResult:
+    """A run's row with its identity and settings filled in; ``fields`` add outcomes."""
+    return RunResult(
+        case=cfg.case,
+        variant=variant,
+        seed=cfg.seed,
+        dataset=data.key,
+        batch_size=cfg.batch_size,
+        learning_rate=cfg.learning_rate,
+        epochs=cfg.epochs,
+        dtype=cfg.dtype,
+        tf_version=tf.__version__,
+        **fields,
+    )
+
+
+def _shuffled_batches(
+    graphs: list[Graph],
+    targets: np.ndarray,
+    batch_size: int,
+    rng: np.random.Generator,
+    dtype: str,
+    budget: Budget | None = None,
+) -> Iterator[tuple[GraphBatch, GraphBatch]]:
+    """One epoch of (batch, what the step is fed): the batch itself, or padded to ``budget``.
+
+    The replay of a failing step takes the batch without padding.
+    """
+    order = rng.permutation(len(graphs))
+    for start in range(0, len(order), batch_size):
+        chosen = order[start : start + batch_size]
+        batch = batch_graphs([graphs[i] for i in chosen], targets=targets[chosen], dtype=dtype)
+        yield batch, batch if budget is None else pad_batch(batch, budget)
+
+
+def _summarize_epoch(record: EpochRecord, stats: list[np.ndarray]) -> None:
+    """Mean loss and gradient norm, max |logit| and |weight| over the epoch's finite steps."""
+    if not stats:
+        return
+    table = np.array(stats, dtype=np.float64)  # [steps, 4]
+    with np.errstate(all="ignore"):
+        finite = np.where(np.isfinite(table), table, np.nan)
+        if np.isfinite(finite[:, 0]).any():
+            record.train_loss = float(np.nanmean(finite[:, 0]))
+        for column, name in ((1, "max_abs_logit"), (3, "max_abs_weight")):
+            if np.isfinite(finite[:, column]).any():
+                setattr(record, name, float(np.nanmax(finite[:, column])))
+        if np.isfinite(finite[:, 2]).any():
+            record.grad_norm = float(np.nanmean(finite[:, 2]))

@@ -1,0 +1,125 @@
+"""The import rule of docs/architecture.md: imports only point down the layers, and no
+module imports itself back through others (no cycles).
+
+Every ``import stability...`` and ``from stability... import`` in the package is read from
+the source, including imports inside functions, which a runtime check would miss.
+"""
+
+import ast
+from pathlib import Path
+
+import pytest
+
+import stability
+
+PACKAGE = Path(stability.__file__).parent
+
+#: Layer of each folder, bottom first; a module may import its own layer or lower ones.
+LAYERS = ("core", "data", "model", "train", "sweep", "report")
+TOP = len(LAYERS)  # stability/__init__.py, __main__.py, cli.py, plugin.py
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def layer_of(module: str) -> int:
+    parts = module.split(".")
+    return LAYERS.index(parts[1]) if len(parts) > 1 and parts[1] in LAYERS else TOP
+
+
+def imports_of(path: Path) -> set[str]:
+    """The ``stability`` modules that the file at ``path`` imports."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names if a.name.startswith("stability")}
+        elif (
+            isinstance(node, ast.ImportFrom)
+            and node.level == 0
+            and (node.module or "").split(".")[0] == "stability"
+        ):
+            # `from stability.data import registry` imports a module, not a name.
+            for alias in node.names:
+                sub = f"{node.module}.{alias.name}"
+                path = PACKAGE.parent / sub.replace(".", "/")
+                found.add(sub if path.is_dir() or path.with_suffix(".py").exists() else node.module)
+    return found
+
+
+def import_graph() -> dict[str, set[str]]:
+    return {module_name(p): imports_of(p) for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def upward_imports(graph: dict[str, set[str]]) -> list[str]:
+    return [
+        f"{source} ({LAYERS[layer_of(source)] if layer_of(source) < TOP else 'top'}) imports "
+        f"{target} ({LAYERS[layer_of(target)] if layer_of(target) < TOP else 'top'})"
+        for source, targets in graph.items()
+        for target in sorted(targets)
+        if layer_of(target) > layer_of(source)
+    ]
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Import cycles between modules; a package's ``__init__`` importing its own modules
+    is not one (Python imports a package before its modules by design)."""
+    found, state = [], {}
+
+    def edges(module):
+        return [t for t in graph.get(module, ()) if t in graph and not module.startswith(t + ".")]
+
+    def visit(module, path):
+        state[module] = "open"
+        for target in edges(module):
+            if state.get(target) == "open":
+                found.append([*path[path.index(target) :], target])
+            elif target not in state:
+                visit(target, [*path, target])
+        state[module] = "done"
+
+    for module in graph:
+        if module not in state:
+            visit(module, [module])
+    return found
+
+
+def test_every_module_sits_in_a_known_layer():
+    for path in PACKAGE.rglob("*.py"):
+        folder = path.relative_to(PACKAGE).parts
+        assert len(folder) == 1 or folder[0] in LAYERS, f"{path}: not in a layer folder"
+
+
+def test_imports_only_point_down():
+    assert upward_imports(import_graph()) == []
+
+
+def test_no_import_cycles():
+    assert cycles(import_graph()) == []
+
+
+@pytest.mark.parametrize(
+    "graph, kind",
+    [
+        (
+            {
+                "stability.core.errors": {"stability.report.claims"},
+                "stability.report.claims": set(),
+            },
+            "up",
+        ),
+        (
+            {"stability.data.a": {"stability.data.b"}, "stability.data.b": {"stability.data.a"}},
+            "cycle",
+        ),
+    ],
+    ids=["upward", "cycle"],
+)
+def test_the_rule_can_fail(graph, kind):
+    if kind == "up":
+        assert upward_imports(graph) == [
+            "stability.core.errors (core) imports stability.report.claims (report)"
+        ]
+    else:
+        assert cycles(graph) == [["stability.data.a", "stability.data.b", "stability.data.a"]]
