@@ -3,18 +3,18 @@
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import NOTES, interleave, record_samples
+from conftest import NOTES, check_goal, interleave, record_samples
 
-from stability.datasets import load_dataset
-from stability.graphs import batch_graphs
-from stability.trainer import (
+from stability.data import load_dataset
+from stability.data.graphs import batch_graphs
+from stability.model.variants import get_variant
+from stability.train.trainer import (
     TrainConfig,
     Trainer,
     forward,
     input_signature,
     make_train_step,
 )
-from stability.variants import get_variant
 
 SECTION = "Sentinel overhead per healthy step"
 NOTES[SECTION] = (
@@ -83,3 +83,5 @@ def test_sentinel_overhead(setup):
     seconds = interleave({name: (run_epoch, (step, batches)) for name, step in ways.items()}, 30)
     for name, samples in seconds.items():
         record_samples(SECTION, name, samples, STEPS)
+    ratio = np.median(seconds["sentinel"]) / np.median(seconds["plain"])
+    check_goal(SECTION, "sentinel / plain", ratio, "<=", 1.05)

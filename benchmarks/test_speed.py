@@ -23,13 +23,13 @@ import pandas as pd
 import pytest
 import tensorflow as tf
 import tomli_w
-from conftest import NOTES, interleave, record_samples, timed
+from conftest import NOTES, check_goal, interleave, record_samples, timed
 
-from stability.datasets import load_dataset
-from stability.graphs import batch_graphs
-from stability.padding import budget_for, pad_batch
-from stability.trainer import TrainConfig, Trainer, input_signature, make_train_step
-from stability.variants import get_variant
+from stability.data import load_dataset
+from stability.data.graphs import batch_graphs
+from stability.data.padding import budget_for, pad_batch
+from stability.model.variants import get_variant
+from stability.train.trainer import TrainConfig, Trainer, input_signature, make_train_step
 
 ROOT = Path(__file__).parent.parent
 SEED_DATA = {"num_graphs": 2000, "seed": 0}  # the seed case's data set (cases/seed.toml)
@@ -118,8 +118,11 @@ def test_trainer_against_fit(data):
         "fit": (lambda: fit_model.fit(dataset, epochs=1, verbose=0), ()),
     }
     interleave(ways, rounds=1)  # trace both outside the timed rounds
-    for name, seconds in interleave(ways, rounds=8).items():
+    measured = interleave(ways, rounds=8)
+    for name, seconds in measured.items():
         record_samples(FIT, name, seconds, len(batches))
+    ratio = np.median(measured["fit"]) / np.median(measured["trainer"])
+    check_goal(FIT, "fit / trainer", ratio, ">=", 1.0)
 
 
 # --- XLA ----------------------------------------------------------------------------------
@@ -244,7 +247,10 @@ def test_step_time_against_edges(data):
         edges[factor] = int(np.mean([b.num_edges for b in batches]))
         ways[f"{factor}x ({BATCH * factor} graphs)"] = (trainer_epoch, (step, batches))
     interleave(ways, rounds=1)
-    for (name, seconds), factor in zip(interleave(ways, rounds=10).items(), edges, strict=True):
+    measured = interleave(ways, rounds=10)
+    for (name, seconds), factor in zip(measured.items(), edges, strict=True):
+        growth = np.median(seconds) / np.median(next(iter(measured.values())))
+        check_goal(EDGES, f"time ratio at {factor}x", growth, "<=", edges[factor] / edges[1])
         record_samples(
             EDGES,
             name,
@@ -314,3 +320,6 @@ def test_sweep_workers(tmp_path):
         "their sum. Goal: --workers 1 / --workers 2 >= 1.6, i.e. a "
         "ratio <= 0.625 below; peak RSS of the seed case <= 2048 MB."
     )
+    speedup = np.median(seconds[1]) / np.median(seconds[2])
+    check_goal(SWEEP, "--workers 1 / --workers 2", speedup, ">=", 1.6)
+    check_goal(SWEEP, "peak RSS MB", max(max(peaks[1]), max(peaks[2])), "<=", 2048)
