@@ -14,9 +14,12 @@ import numpy as np
 import pandas as pd
 
 from stability.core.limits import exp_limits
-from stability.report.summary import Setting, settings
+from stability.report.summary import Setting
 
 REPRODUCED, NOT_REPRODUCED, NOT_RUN = "reproduced", "not reproduced", "not run"
+
+#: The seed's "after about 30 epochs" (C1b).
+STATED_EPOCHS = 30
 
 
 @dataclass(frozen=True)
@@ -26,6 +29,8 @@ class Rules:
     avoid_budget_factor: float = 3.0
     delay_factor: float = 1.5
     worse_mae_margin: float = 0.10
+    #: "after about N epochs" holds when the measured median is within this factor of N.
+    timing_factor: float = 1.5
 
     def text(self) -> str:
         return (
@@ -38,10 +43,21 @@ class Rules:
             f"the reference's. A run without a NaN counts as later than its budget; if that "
             f"leaves the median undecided (budget too short) the claim is *not run*. The same "
             f"test is made per optimizer step (a larger batch means fewer steps per epoch), and "
-            f"both are reported; the verdict follows the epoch count, the seed's unit.\n"
+            f"both are reported; the verdict follows the epoch count, the seed's unit. A "
+            f"failing variant whose median first-NaN epoch is below the reference's is called "
+            f"*earlier*, never delayed.\n"
+            f"- **about N epochs**: the median first-NaN epoch is within a factor of "
+            f"{self.timing_factor:g} of N (between N/{self.timing_factor:g} and "
+            f"N x {self.timing_factor:g}).\n"
             f"- **worse MAE**: the median final MAE is at least "
             f"{self.worse_mae_margin:.0%} higher than that of the best variant that avoids "
-            f"the NaN (lowest median final MAE among the avoiders)."
+            f"the NaN (lowest median final MAE among the avoiders).\n"
+            f"- **where** (C11a): the first non-finite value of every failing `raw_e` run is in "
+            f"the forward stage, at an op of the attention softmax (`softmax_exp` or "
+            f"`softmax_div`), not in the loss, the gradients or the update.\n"
+            f"- **mechanism** (C11b): `exp` overflow when that op is the softmax's `exp` (it "
+            f"returned inf); underflow when it is the softmax's division while its `exp` stayed "
+            f"finite: every `exp` into a node flushed to 0 and the division computed 0/0."
         )
 
 
@@ -59,6 +75,7 @@ class Stats:
     max_logit: float  # median of the runs' max |attention logit|
     wheres: tuple[str, ...]
     ops: tuple[str, ...]
+    dtype: str = "float32"
 
     @property
     def median_epoch(self) -> float:
@@ -107,6 +124,7 @@ def setting_stats(
         max_logit=s.median("max_abs_logit"),
         wheres=s.wheres(),
         ops=s.ops(),
+        dtype=str(rows["dtype"].iloc[0]) if "dtype" in rows else "float32",
     )
 
 
@@ -162,28 +180,56 @@ class Verdict:
     report: str
 
 
-#: id -> the seed's words.
+#: id -> the seed's words, verbatim (``[...]`` marks a cut; ``"; "`` joins two quotes).
+#: ``tests/test_claims.py`` checks every quoted piece against the seed's text.
 CLAIMS = {
-    "C1": '"the training loss suddenly jumps to NaN after about 30 epochs with a batch size of 32"',
-    "C2": '"If the batch size is 128, still the gradients explode after about 200 epochs"; '
+    "C1a": '"the training loss suddenly jumps to NaN after about 30 epochs with a batch size of '
+    '32"',
+    "C1b": '"after about 30 epochs"',
+    "C2a": '"If the batch size is 128, still the gradients explode after about 200 epochs"; '
     '"Tried larger batch sizes (till 256, although delayed gradient explosion happens at some '
     'point)"',
-    "C3": "\"If I didn't concatenate neighbors_mean with e [...] there would be no gradient "
+    "C2b": '"still the gradients explode"; "although delayed gradient explosion happens at some '
+    'point"',
+    "C3": '"If I didn\u2019t concatenate neighbors_mean with e [...] there would be no gradient '
     'explosion."',
     "C4": '"I can avoid gradient explosion by sending e through a sigmoid function [...] But this '
     'degrades the performance (final MAE)"',
-    "C5": '"Note that Rectified Linear Unit (ReLU) instead of sigmoid didn\'t work."',
-    "C6": '"Applied gradient clipping - with Adam(lr, clipnorm=1, clipvalue=5) and also with '
-    'tf.clip_by_global_norm(gradients, 1.0)" (it did not help)',
-    "C7": "\"tried limiting 'sigma' with sigma = tf.clip_by_value(sigma,-4,1.0) but the gradients "
-    'still explode"',
-    "C8": '"Tried with reduced learning rate" (among what did not fix it: it delays the NaN)',
+    "C5": '"Note that Rectified Linear Unit (ReLU) instead of sigmoid didn\u2019t work."',
+    "C6": '"Applied gradient clipping \u2013 with Adam(lr, clipnorm=1, clipvalue=5) and also with '
+    'tf.clip_by_global_norm(gradients, 1.0)"; "which is why it couldn\u2019t be solved with '
+    'gradient clipping"',
+    "C7": "\"tried limiting 'sigma' with  sigma = tf.clip_by_value(sigma,-4,1.0) but the "
+    'gradients still explode"',
+    "C8a": '"Tried with reduced learning rate"',
+    "C8b": '"I basically tried everything suggested online to avoid gradient explosion."; '
+    '"Tried with reduced learning rate"',
     "C9": '"I applied kernel constraints [...] This resolved the problem without degrading the '
     'performance."',
     "C10": '"Alternatively, one could use the numerically stable implementation of the softmax '
     'function."',
-    "C11": '"softmax calculates an exponential [...] This was producing inf values and eventually '
-    'everything becoming nan [...] this is technically not a gradient exploding problem"',
+    "C11a": '"this is technically not a gradient exploding problem"',
+    "C11b": '"softmax calculates an exponential [...] This was producing inf values and '
+    'eventually everything becoming nan"',
+}
+
+#: What the harness tests for each claim: its reading, kept outside the seed's quotes.
+TESTS = {
+    "C1a": "every raw_e run at batch 32 hits a NaN",
+    "C1b": "raw_e's median first-NaN epoch is about the stated 30",
+    "C2a": "raw_e at each larger batch delays the NaN (per epoch)",
+    "C2b": "raw_e at each larger batch does not avoid the NaN",
+    "C3": "no_e avoids the NaN",
+    "C4": "sigmoid_e avoids the NaN, with a worse MAE",
+    "C5": "relu_e does not avoid the NaN",
+    "C6": "grad_clip does not avoid the NaN",
+    "C7": "sigma_clip does not avoid the NaN",
+    "C8a": "raw_e at each lower learning rate delays the NaN (per epoch)",
+    "C8b": "raw_e at each lower learning rate does not avoid the NaN",
+    "C9": "weight_constrained avoids the NaN, with no worse MAE",
+    "C10": "stable_softmax avoids the NaN",
+    "C11a": "where: raw_e's first non-finite value is in the forward softmax",
+    "C11b": "mechanism: it is an exp overflow",
 }
 
 
@@ -201,61 +247,68 @@ class ClaimInputs:
     def steps_per_epoch(self, batch_size: int) -> int:
         return math.ceil(self.train_graphs / batch_size)
 
+    def seed_stats(self, variant: str) -> Stats | None:
+        if self.seed is None:
+            return None
+        return setting_stats(
+            self.seed,
+            variant,
+            self.steps_per_epoch(self.seed_batch_size),
+            self.seed_batch_size,
+            self.seed_learning_rate,
+        )
+
 
 def judge(inputs: ClaimInputs, rules: Rules | None = None) -> list[Verdict]:
-    """One ``Verdict`` per claim, C1 to C11."""
+    """One ``Verdict`` per claim, in the order of ``CLAIMS``."""
     rules = rules or Rules()
-    verdicts = _seed_claims(inputs, rules)
-    verdicts.insert(1, _batch_claim(inputs, rules))
-    verdicts.insert(7, _learning_rate_claim(inputs, rules))
-    return verdicts
-
-
-def _seed_stats(inputs: ClaimInputs, variant: str) -> Stats | None:
-    if inputs.seed is None:
-        return None
-    return setting_stats(
-        inputs.seed,
-        variant,
-        inputs.steps_per_epoch(inputs.seed_batch_size),
-        inputs.seed_batch_size,
-        inputs.seed_learning_rate,
-    )
+    verdicts = {v.id: v for v in _seed_claims(inputs, rules)}
+    verdicts.update({v.id: v for v in _batch_claims(inputs, rules)})
+    verdicts.update({v.id: v for v in _learning_rate_claims(inputs, rules)})
+    return [verdicts[claim] for claim in CLAIMS]
 
 
 def _not_run(claim: str, report: str, why: str) -> Verdict:
     return Verdict(claim, CLAIMS[claim], NOT_RUN, "-", why, report)
 
 
+def _verdict(claim: str, holds: bool | None, numbers: str, why: str, report: str) -> Verdict:
+    verdict = NOT_RUN if holds is None else (REPRODUCED if holds else NOT_REPRODUCED)
+    return Verdict(claim, CLAIMS[claim], verdict, numbers, why, report)
+
+
+SEED_CLAIMS = ("C1a", "C1b", "C3", "C4", "C5", "C6", "C7", "C9", "C10", "C11a", "C11b")
+
+
 def _seed_claims(inputs: ClaimInputs, rules: Rules) -> list[Verdict]:
     report = "[seed](seed.md)"
-    raw = _seed_stats(inputs, "raw_e")
+    raw = inputs.seed_stats("raw_e")
     if raw is None:
-        return [
-            _not_run(c, report, "cases/seed.toml has no raw_e rows")
-            for c in ("C1", "C3", "C4", "C5", "C6", "C7", "C9", "C10", "C11")
-        ]
-    stats = {v: _seed_stats(inputs, v) for v in inputs.seed["variant"].unique()}
-    avoiders = {v: s for v, s in stats.items() if s and avoids(s, raw, rules)}
-    best = min(avoiders.items(), key=lambda kv: _nan_last(kv[1].final_mae), default=(None, None))
-    out = [_verdict("C1", hits(raw), raw.describe(), _hit_why("raw_e", raw), report)]
+        return [_not_run(c, report, "cases/seed.toml has no raw_e rows") for c in SEED_CLAIMS]
+    stats = {v: inputs.seed_stats(v) for v in inputs.seed["variant"].unique()}
+    best = best_avoider(stats, raw, rules)
+    out = [_verdict("C1a", hits(raw), raw.describe(), _hit_why("raw_e", raw), report)]
+    out.append(_timing_claim(raw, rules, report))
     out.append(_avoid_claim("C3", "no_e", stats, raw, rules, report))
     out.append(_mae_claim("C4", "sigmoid_e", stats, raw, best, rules, report, worse=True))
     for claim, variant in (("C5", "relu_e"), ("C6", "grad_clip"), ("C7", "sigma_clip")):
-        out.append(_fail_claim(claim, variant, stats, raw, report))
+        out.append(_fail_claim(claim, variant, stats, raw, rules, report))
     out.append(_mae_claim("C9", "weight_constrained", stats, raw, best, rules, report, worse=False))
     out.append(_avoid_claim("C10", "stable_softmax", stats, raw, rules, report))
-    out.append(_exp_claim(raw, report))
+    out += [_where_claim(raw, report), _mechanism_claim(raw, report)]
     return out
+
+
+def best_avoider(
+    stats: dict[str, Stats | None], raw: Stats, rules: Rules
+) -> tuple[str | None, Stats | None]:
+    """(variant, Stats) of the avoider with the lowest median final MAE, or (None, None)."""
+    avoiders = {v: s for v, s in stats.items() if s and avoids(s, raw, rules)}
+    return min(avoiders.items(), key=lambda kv: _nan_last(kv[1].final_mae), default=(None, None))
 
 
 def _nan_last(value: float) -> float:
     return value if math.isfinite(value) else math.inf
-
-
-def _verdict(claim: str, holds: bool | None, numbers: str, why: str, report: str) -> Verdict:
-    verdict = NOT_RUN if holds is None else (REPRODUCED if holds else NOT_REPRODUCED)
-    return Verdict(claim, CLAIMS[claim], verdict, numbers, why, report)
 
 
 def _hit_why(variant: str, stats: Stats) -> str:
@@ -267,6 +320,46 @@ def _hit_why(variant: str, stats: Stats) -> str:
     )
 
 
+def _timing_claim(raw: Stats, rules: Rules, report: str) -> Verdict:
+    if not raw.nans:
+        return _verdict("C1b", None, raw.describe(), "raw_e never hit a NaN.", report)
+    measured = float(np.median(raw.epochs))
+    if math.isinf(measured):
+        return _verdict("C1b", None, raw.describe(), "most raw_e runs stayed finite.", report)
+    ratio = measured / STATED_EPOCHS
+    holds = 1 / rules.timing_factor <= ratio <= rules.timing_factor
+    numbers = (
+        f"stated: about {STATED_EPOCHS} epochs; measured: median first-NaN epoch "
+        f"{_number(measured)}, {ratio:.2f} x the stated"
+    )
+    why = ""
+    if not holds:
+        side = "later" if ratio > 1 else "earlier"
+        why = (
+            f"raw_e's first NaN came {ratio:.2f} x the stated epochs, {side} than the rule's "
+            f"factor of {rules.timing_factor:g} allows."
+        )
+    return _verdict("C1b", holds, numbers, why, report)
+
+
+def timing_phrase(s: Stats, reference: Stats, rules: Rules, name: str = "raw_e") -> str:
+    """How a setting's first NaN compares with the reference's, in words the rule allows."""
+    if not s.nans:
+        theirs = _number(reference.median_epoch)
+        return f"no NaN in {s.budget_epochs} epochs ({name}: median epoch {theirs})"
+    mine, theirs = float(np.median(s.epochs)), reference.median_epoch
+    if math.isinf(mine):
+        return f"most runs stayed finite for {s.budget_epochs} epochs ({name}: {_number(theirs)})"
+    pair = f"median epoch {_number(mine)} vs {name}'s {_number(theirs)}"
+    if delays(s, reference, rules, "epoch"):
+        return f"delayed ({pair})"
+    if mine < theirs:
+        return f"earlier ({pair})"
+    if mine > theirs:
+        return f"later, but by less than the rule's factor of {rules.delay_factor:g} ({pair})"
+    return f"at the same epoch ({pair})"
+
+
 def _avoid_claim(claim, variant, stats, raw, rules, report) -> Verdict:
     s = stats.get(variant)
     if s is None:
@@ -275,8 +368,8 @@ def _avoid_claim(claim, variant, stats, raw, rules, report) -> Verdict:
     why = ""
     if holds is False:
         why = (
-            f"{variant} hit a NaN in {s.nans}/{s.runs} runs; its max abs logit reached "
-            f"{s.max_logit:.1f}."
+            f"{variant} hit a NaN in {s.nans}/{s.runs} runs, {timing_phrase(s, raw, rules)}; "
+            f"its max abs logit reached {s.max_logit:.1f}."
         )
     elif holds is None:
         why = (
@@ -286,11 +379,14 @@ def _avoid_claim(claim, variant, stats, raw, rules, report) -> Verdict:
     return _verdict(claim, holds, s.describe(), why, report)
 
 
-def _fail_claim(claim, variant, stats, raw, report) -> Verdict:
+def _fail_claim(claim, variant, stats, raw, rules, report) -> Verdict:
     s = stats.get(variant)
     if s is None:
         return _not_run(claim, report, f"no {variant} rows")
     holds = s.nans > 0
+    numbers = s.describe()
+    if holds:
+        numbers += f"; vs raw_e: {timing_phrase(s, raw, rules)}"
     why = (
         ""
         if holds
@@ -300,7 +396,7 @@ def _fail_claim(claim, variant, stats, raw, report) -> Verdict:
             f"max abs logit {s.max_logit:.1f}."
         )
     )
-    return _verdict(claim, holds, s.describe(), why, report)
+    return _verdict(claim, holds, numbers, why, report)
 
 
 def _mae_claim(claim, variant, stats, raw, best, rules, report, worse: bool) -> Verdict:
@@ -316,11 +412,9 @@ def _mae_claim(claim, variant, stats, raw, best, rules, report, worse: bool) -> 
         if math.isfinite(s.final_mae) and best_stats.final_mae:
             numbers += f" (x{s.final_mae / best_stats.final_mae:.2f})"
     if avoid is False:  # hitting a NaN fails the claim, whatever the MAE
-        first = np.median(s.epochs[np.isfinite(s.epochs)])
         why = (
-            f"{variant} hit a NaN in {s.nans}/{s.runs} runs, first at epoch {_number(first)} "
-            f"against raw_e's {_number(raw.median_epoch)}: it delayed the NaN, its max abs logit "
-            f"reaching {s.max_logit:.1f}."
+            f"{variant} hit a NaN in {s.nans}/{s.runs} runs, {timing_phrase(s, raw, rules)}; "
+            f"its max abs logit reached {s.max_logit:.1f}."
         )
         return _verdict(claim, False, numbers, why, report)
     if avoid is None or cost is None:
@@ -336,159 +430,134 @@ def _mae_claim(claim, variant, stats, raw, best, rules, report, worse: bool) -> 
     return _verdict(claim, holds, numbers, why, report)
 
 
-def _exp_claim(raw: Stats, report: str) -> Verdict:
+def _softmax_ops(raw: Stats) -> bool:
+    return bool(raw.ops) and all("softmax_exp" in op or "softmax_div" in op for op in raw.ops)
+
+
+def _where_claim(raw: Stats, report: str) -> Verdict:
     if not raw.nans:
-        return _verdict("C11", None, raw.describe(), "raw_e never hit a NaN.", report)
+        return _verdict("C11a", None, raw.describe(), "raw_e never hit a NaN.", report)
     numbers = f"stage: {', '.join(raw.wheres)}; op: {', '.join(raw.ops) or '-'}"
-    forward_exp = raw.wheres == ("forward",) and all("softmax_exp" in op for op in raw.ops)
-    forward_exp = forward_exp and bool(raw.ops)
+    holds = raw.wheres == ("forward",) and _softmax_ops(raw)
     why = ""
-    if not forward_exp:
-        limits = exp_limits("float32")
+    if not holds:
         why = (
             f"The first non-finite value came from {', '.join(raw.ops) or 'no named op'} in "
-            f"the {', '.join(raw.wheres)} stage, with raw_e's max abs logit at "
-            f"{raw.max_logit:.1f}: {'above' if raw.max_logit > limits.overflow else 'below'} "
-            f"exp's float32 overflow ({limits.overflow:.2f}), "
-            f"{'past' if raw.max_logit > limits.underflow else 'short of'} its flush-to-zero "
-            f"underflow ({limits.underflow:.2f})."
+            f"the {', '.join(raw.wheres)} stage, not from the forward softmax."
         )
-    return _verdict("C11", forward_exp, numbers, why, report)
+    return _verdict("C11a", holds, numbers, why, report)
 
 
-def _batch_claim(inputs: ClaimInputs, rules: Rules) -> Verdict:
+def mechanism(raw: Stats) -> str | None:
+    """ "overflow", "underflow" or None (another op, or a mix), by the C11b rule."""
+    if not raw.ops or raw.wheres != ("forward",):
+        return None
+    if all("softmax_exp" in op for op in raw.ops):
+        return "overflow"
+    if all("softmax_div" in op for op in raw.ops):
+        return "underflow"
+    return None
+
+
+def _mechanism_claim(raw: Stats, report: str) -> Verdict:
+    if not raw.nans:
+        return _verdict("C11b", None, raw.describe(), "raw_e never hit a NaN.", report)
+    limits = exp_limits(raw.dtype)
+    numbers = (
+        f"op: {', '.join(raw.ops) or '-'}; max abs logit {raw.max_logit:.1f}; {raw.dtype} "
+        f"exp overflows above +{limits.overflow:.2f} and a node's whole segment flushes to 0 "
+        f"below -{limits.underflow:.2f}"
+    )
+    found = mechanism(raw)
+    why = ""
+    if found == "underflow":
+        why = (
+            f"The softmax's division came first, its exp finite: 0/0 after every exp into a "
+            f"node flushed to 0, with raw_e's max abs logit at {raw.max_logit:.1f}, "
+            f"{'above' if raw.max_logit > limits.overflow else 'below'} the overflow line."
+        )
+    elif found is None:
+        why = (
+            f"The first non-finite value came from {', '.join(raw.ops) or 'no named op'} in "
+            f"the {', '.join(raw.wheres)} stage, not from the softmax's exp."
+        )
+    return _verdict("C11b", found == "overflow", numbers, why, report)
+
+
+def _batch_claims(inputs: ClaimInputs, rules: Rules) -> list[Verdict]:
     report = "[batch_size](batch_size.md)"
     frame = inputs.batch_size
     if frame is None:
-        return _not_run("C2", report, "cases/batch_size.toml was not run")
+        return [_not_run(c, report, "cases/batch_size.toml was not run") for c in ("C2a", "C2b")]
     sizes = sorted(frame["batch_size"].unique())
     base = setting_stats(frame, "raw_e", inputs.steps_per_epoch(sizes[0]), sizes[0])
-    parts, per_epoch, per_step = [f"batch {sizes[0]}: {base.describe()}"], [], []
+    parts, per_epoch, per_step, avoided = [f"batch {sizes[0]}: {base.describe()}"], [], [], []
     for size in sizes[1:]:
         s = setting_stats(frame, "raw_e", inputs.steps_per_epoch(size), size)
         per_epoch.append(delays(s, base, rules, "epoch"))
         per_step.append(delays(s, base, rules, "step"))
+        avoided.append((size, avoids(s, base, rules)))
         parts.append(
             f"batch {size}: {s.describe()}; median first-NaN step "
             f"{_number(s.median_step)} vs {_number(base.median_step)}"
         )
-    holds = None if None in per_epoch else all(per_epoch)
-    steps = "undecided" if None in per_step else ("yes" if all(per_step) else "no")
-    numbers = "; ".join(parts) + f". Delayed per epoch: {_all_yes(per_epoch)}; per step: {steps}."
-    why = (
-        ""
-        if holds
-        else "A larger batch did not delay the first NaN by the rule's factor in epochs."
+    numbers = "; ".join(parts)
+    delayed = None if None in per_epoch else all(per_epoch)
+    steps = _all_yes(per_step)
+    delay_numbers = numbers + f". Delayed per epoch: {_all_yes(per_epoch)}; per step: {steps}."
+    delay_why = (
+        "A larger batch did not delay the first NaN by the rule's factor in epochs."
+        if delayed is False
+        else ""
     )
-    return _verdict("C2", holds, numbers, why if holds is False else "", report)
+    return [
+        _verdict("C2a", delayed, delay_numbers, delay_why, report),
+        _not_avoided("C2b", avoided, "batch", numbers, report),
+    ]
 
 
-def _learning_rate_claim(inputs: ClaimInputs, rules: Rules) -> Verdict:
+def _not_avoided(claim, avoided, unit, numbers, report) -> Verdict:
+    """Each setting in ``avoided`` ((value, avoids verdict)) still fails: the claim holds."""
+    outcomes = [a for _, a in avoided]
+    if True in outcomes:
+        names = ", ".join(f"{unit} {v:g}" for v, a in avoided if a)
+        return _verdict(
+            claim, False, numbers, f"raw_e avoided the NaN for the whole budget at {names}.", report
+        )
+    if None in outcomes:
+        names = ", ".join(f"{unit} {v:g}" for v, a in avoided if a is None)
+        why = f"At {names} no run hit a NaN, but the budget is too short to call it avoided."
+        return _verdict(claim, None, numbers, why, report)
+    return _verdict(claim, True, numbers, "", report)
+
+
+def _learning_rate_claims(inputs: ClaimInputs, rules: Rules) -> list[Verdict]:
     report = "[learning_rate](learning_rate.md)"
     frame = inputs.learning_rate
     if frame is None:
-        return _not_run("C8", report, "cases/learning_rate.toml was not run")
+        return [_not_run(c, report, "cases/learning_rate.toml was not run") for c in ("C8a", "C8b")]
     rates = sorted(frame["learning_rate"].unique(), reverse=True)
     batch = int(frame["batch_size"].iloc[0])
     per_epoch = inputs.steps_per_epoch(batch)
     base = setting_stats(frame, "raw_e", per_epoch, learning_rate=rates[0])
-    parts, results = [f"lr {rates[0]:g}: {base.describe()}"], []
+    parts, delayed, avoided = [f"lr {rates[0]:g}: {base.describe()}"], [], []
     for rate in rates[1:]:
         s = setting_stats(frame, "raw_e", per_epoch, learning_rate=rate)
-        results.append(delays(s, base, rules, "epoch"))
+        delayed.append(delays(s, base, rules, "epoch"))
+        avoided.append((rate, avoids(s, base, rules)))
         parts.append(f"lr {rate:g}: {s.describe()}")
-    holds = None if None in results else all(results)
+    numbers = "; ".join(parts)
+    holds = None if None in delayed else all(delayed)
     why = (
-        ""
-        if holds is not False
-        else "A lower learning rate did not delay the first NaN by the rule's factor."
+        "A lower learning rate did not delay the first NaN by the rule's factor."
+        if (holds is False)
+        else ""
     )
-    return _verdict("C8", holds, "; ".join(parts), why, report)
+    return [
+        _verdict("C8a", holds, numbers, why, report),
+        _not_avoided("C8b", avoided, "lr", numbers, report),
+    ]
 
 
 def _all_yes(values: list[bool | None]) -> str:
     return "undecided" if None in values else ("yes" if all(values) else "no")
-
-
-def molecules_section(frame: pd.DataFrame | None) -> str:
-    """The same variants on the G2 molecules, where that case was run: one row each."""
-    if frame is None:
-        return ""
-    rows = [
-        {
-            "variant": variant,
-            "NaN in": f"{s.nan_runs}/{s.runs}",
-            "max abs logit, median": round(s.median("max_abs_logit"), 1),
-            "final MAE, median (kcal/mol)": round(s.final_mae, 2),
-        }
-        for (variant,), s in sorted(settings(frame, ["variant"]), key=lambda kv: kv[0])
-    ]
-    return (
-        "## The same variants on real molecules\n\n"
-        "[g2_molecules](g2_molecules.md): the seed case's model and variants on the 148 G2 "
-        "molecules shipped with ASE (target: enthalpy of formation). The claims above are "
-        "judged on the synthetic cases only; this table shows whether their failures occur "
-        "on real geometries at all.\n\n" + pd.DataFrame(rows).to_markdown(index=False)
-    )
-
-
-def claims_markdown(
-    verdicts: list[Verdict], rules: Rules, meaning: str, molecules: str = ""
-) -> str:
-    """``reports/claims.md``: the rules, one row per claim, and what it means."""
-    table = pd.DataFrame(
-        [
-            {
-                "id": v.id,
-                "the seed says": v.claim,
-                "verdict": v.verdict,
-                "numbers": v.numbers,
-                "why not": v.why or "",
-                "report": v.report,
-            }
-            for v in verdicts
-        ]
-    )
-    counts = table["verdict"].value_counts()
-    summary = ", ".join(f"{counts.get(k, 0)} {k}" for k in (REPRODUCED, NOT_REPRODUCED, NOT_RUN))
-    parts = [
-        "# The seed's claims, checked",
-        "Every verdict below is computed from the rows of the claim cases' CSVs by these rules "
-        "(`stability/claims.py`); none is written by hand.",
-        "## Rules",
-        rules.text(),
-        f"## Verdicts ({summary})",
-        table.to_markdown(index=False),
-        "## What this means",
-        meaning,
-        molecules,
-    ]
-    return "\n\n".join(p for p in parts if p) + "\n"
-
-
-def meaning(verdicts: list[Verdict], seed: pd.DataFrame | None) -> str:
-    """A paragraph for a reader with a NaN in their own GNN, built from the verdicts."""
-    if seed is None:
-        return "The seed case was not run, so there is nothing to say yet."
-    by_id = {v.id: v for v in verdicts}
-    first = seed.groupby("variant")["first_nan_epoch"]
-    finite = [v for v, epochs in first if epochs.isna().all()]
-    failed = [
-        f"{v} (epoch {_number(epochs.median())})" for v, epochs in first if epochs.notna().any()
-    ]
-    text = (
-        f"On this task the variants that stayed finite in every run were {', '.join(finite)}; "
-        f"the others hit a NaN, at these median epochs: {', '.join(failed)}. "
-        f"The first non-finite value of raw_e came from {by_id['C11'].numbers} "
-        f"(C11 {by_id['C11'].verdict}). "
-    )
-    return text + (
-        "If your loss or weights turn NaN, find the first op that goes non-finite before you "
-        "tune the optimizer (`NanSentinel` or the trainer's replay names it). A NaN that starts "
-        "in the forward pass is not an exploding gradient, and the optimizer-side remedies "
-        f"here (gradient clipping: C6 {by_id['C6'].verdict}; a lower learning rate: C8 "
-        f"{by_id['C8'].verdict}) act on how fast the logits grow, not on where `exp` breaks. "
-        "Bound what feeds `exp` instead, by subtracting the segment max in the softmax, and "
-        "compare the final MAE of every fix (C4, C9): squashing or constraining the input of "
-        "the logit can cost accuracy or only postpone the NaN."
-    )
