@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from stability.core.errors import StabilityError
+from stability.core.limits import exp_limits
 from stability.report.compare import add_compare_parser, compare_command
 
 if TYPE_CHECKING:
@@ -212,17 +213,24 @@ def _run_cases(cases: Sequence[Case], args: argparse.Namespace) -> None:
         print(f"wrote {args.out / (case.name + '.csv')} and {path}")
 
 
-#: The note a report of a case trained under XLA opens with: its rows do not say so.
-XLA_NOTE = (
-    "Trained with `jit_compile` (XLA) on padded batches. XLA rewrites arithmetic: the naive "
-    "softmax's gradient fails once a node's logits are all below -43.67, half of the "
-    "-87.34 where it fails without XLA (docs/findings.md), so these rows are not comparable "
-    "with a run without XLA. The Risk lines and plots below still draw the limits without XLA."
-)
+def xla_note(dtype: str) -> str:
+    """The note a report of a case trained under XLA opens with: its rows do not say so.
+
+    XLA rewrites the softmax division's gradient ``(-x / y) / y`` as ``-x / (y * y)``, so
+    ``y * y`` flushes to 0 at half the logit where ``y`` itself does (``tests/test_xla.py``).
+    """
+    limits = exp_limits(dtype)
+    return (
+        f"Trained with `jit_compile` (XLA) on padded batches. XLA rewrites arithmetic: in "
+        f"{dtype}, the naive softmax's gradient fails once a node's logits are all below "
+        f"-{limits.underflow / 2:.2f}, half of the -{limits.underflow:.2f} where it fails "
+        f"without XLA (docs/findings.md), so these rows are not comparable with a run "
+        f"without XLA. The Risk lines and plots below still draw the limits without XLA."
+    )
 
 
 def _description(case: Case) -> str:
-    return f"{XLA_NOTE}\n\n{case.description}" if case.jit_compile else case.description
+    return f"{xla_note(case.dtype)}\n\n{case.description}" if case.jit_compile else case.description
 
 
 def _check_writable(out: Path) -> None:
@@ -295,14 +303,8 @@ def _add_claims_parser(sub: argparse._SubParsersAction) -> None:
 
 def _claims(args: argparse.Namespace) -> int:
     from stability.core.files import atomic_write_text
-    from stability.report.claims import (
-        ClaimInputs,
-        Rules,
-        claims_markdown,
-        judge,
-        meaning,
-        molecules_section,
-    )
+    from stability.report.claims import ClaimInputs, Rules, judge
+    from stability.report.claims_report import claims_markdown, molecules_section, summary
     from stability.report.writer import read_results
     from stability.sweep.cases import load_case
     from stability.sweep.runner import case_datasets
@@ -330,7 +332,7 @@ def _claims(args: argparse.Namespace) -> int:
     path = args.out / "claims.md"
     molecules_csv = args.out / "g2_molecules.csv"
     molecules = molecules_section(read_results(molecules_csv) if molecules_csv.exists() else None)
-    text = claims_markdown(verdicts, rules, meaning(verdicts, frames["seed"]), molecules)
+    text = claims_markdown(verdicts, rules, summary(verdicts, inputs, rules), molecules)
     atomic_write_text(path, text)
     print(f"wrote {path}")
     return 0

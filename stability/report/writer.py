@@ -147,7 +147,7 @@ def markdown_report(
         _reference_line(frame),
         summary_table(frame).to_markdown(index=False),
         *(_history_sections(frame, history, case) if history is not None else []),
-        _READING_GUIDE,
+        _reading_guide(frame),
     ]
     return "\n\n".join(p for p in parts if p) + "\n"
 
@@ -197,11 +197,22 @@ _READING_GUIDE = """\
   stayed finite, median with the interquartile range. **/ best finite**: that median divided
   by the best median of a variant none of whose runs hit a NaN. **MAE before NaN**: the
   validation MAE after the last whole epoch before the NaN.
-- **max abs logit**: the largest |attention logit| seen; `exp` overflows float32 above +88.72
-  and, with denormals flushed to zero, returns 0 below -87.34.
+- **max abs logit**: the largest |attention logit| seen; {limits}.
 - **NaN in input** (only when some run had it): runs whose data held NaN or Inf, allowed by
   the case's `allow_nonfinite_input`; they were not trained and do not count under NaN in.
 """
+
+
+def _reading_guide(frame: pd.DataFrame) -> str:
+    """The column guide, with ``exp``'s limits for each dtype the case's rows were run in."""
+    lines = []
+    for dtype in sorted(frame["dtype"].astype(str).unique()):
+        limits = exp_limits(dtype)
+        lines.append(
+            f"`exp` overflows {dtype} above +{limits.overflow:.2f} and, with denormals flushed "
+            f"to zero, returns 0 below -{limits.underflow:.2f}"
+        )
+    return _READING_GUIDE.replace("{limits}", "; ".join(lines))
 
 
 def _describe(variant: str) -> str:
