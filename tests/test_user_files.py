@@ -228,3 +228,16 @@ def test_version_and_list(capsys):
     assert lines[0].split()[0] == "grad_clip"  # the variant lines come first, as before
     assert "  structures(path='', target='energy', cutoff=4.0" in out
     assert "  npz(path=''" in out
+
+
+def test_a_parameter_defaulting_to_none_takes_a_value(isolated_registries):
+    # The trap: `path: str | None = None` was refused with "expected a NoneType".
+    from stability.data import register_dataset
+    from stability.sweep.cases import parse_case
+
+    @register_dataset
+    def with_optional(*, seed: int = 0, path: str | None = None):
+        raise AssertionError("not built by parse_case")
+
+    case = parse_case('[dataset]\nname = "with_optional"\npath = "x.npz"\n')
+    assert case.dataset_params["path"].endswith("x.npz")
