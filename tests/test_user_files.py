@@ -241,3 +241,17 @@ def test_a_parameter_defaulting_to_none_takes_a_value(isolated_registries):
 
     case = parse_case('[dataset]\nname = "with_optional"\npath = "x.npz"\n')
     assert case.dataset_params["path"].endswith("x.npz")
+
+
+def test_resume_notices_an_edited_structure_file(folder, capsys):
+    code, err = run(folder, capsys, text=case())
+    assert code == 0, err
+    before = (folder / "out" / "c.csv").read_text()
+    edited = molecules()
+    edited[0].positions[0, 0] += 0.01
+    write_structures(folder, edited)
+    code, err = run(folder, capsys, "--resume")
+    assert code == 2
+    assert "holds runs on data set structures(file='m.extxyz',sha256=" in err
+    assert "the data or its file changed" in err
+    assert (folder / "out" / "c.csv").read_text() == before

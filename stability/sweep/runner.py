@@ -14,7 +14,7 @@ from stability.core.results import RunResult
 from stability.data import Dataset, load_dataset
 from stability.model.variants import get_variant
 from stability.sweep.cases import Case
-from stability.sweep.store import RunStore, run_key
+from stability.sweep.store import RUN_KEY, RunStore, run_key
 from stability.train.trainer import TrainConfig, Trainer
 
 
@@ -94,6 +94,7 @@ def run_case(
     if out_dir is not None:
         settings = {"epochs": case.epochs, "dtype": case.dtype}
         store = RunStore(out_dir, case.name, resume, settings, overwrite)
+        _check_same_data(store, datasets)
     configs = [
         (dataset, variant, config)
         for dataset in datasets
@@ -147,6 +148,19 @@ def run_case(
     if store is not None:
         store.finish()
     return results
+
+
+def _check_same_data(store: RunStore, datasets: list[Dataset]) -> None:
+    """Refuse to resume runs on data this case no longer builds: a data set read from a file
+    carries the file's hash in its key, so an edited file is caught here."""
+    held = {key[RUN_KEY.index("dataset")] for key in store.done}
+    other = sorted(held - {dataset.key for dataset in datasets})
+    if other:
+        raise StabilityError(
+            f"{store.csv} holds runs on data set {other[0]}, which this case no longer builds "
+            f"(it builds {datasets[0].key}); the data or its file changed. --resume cannot mix "
+            "them: pass --overwrite or choose another --out"
+        )
 
 
 def _key(variant: str, config: TrainConfig, dataset: Dataset) -> tuple[str, ...]:
