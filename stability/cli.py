@@ -54,6 +54,7 @@ def _parser() -> argparse.ArgumentParser:
         "--case", type=Path, metavar="CASE", help="the case file, for its description (optional)"
     )
     _add_plugin_flag(rep)
+    _add_set_flag(rep)
     add_compare_parser(sub)
     _add_claims_parser(sub)
     return parser
@@ -297,10 +298,13 @@ def _report(args: argparse.Namespace) -> int:
         raise StabilityError(f"{args.csv}: has no result rows")
     case = str(frame["case"].iloc[0])
     description = ""
+    if args.overrides and args.case is None:
+        raise StabilityError("report --set needs --case: the overrides apply to a case file")
     if args.case is not None:
         from stability.sweep.cases import load_case
 
-        description = _description(load_case(args.case))
+        # The run's --set overrides, given again, keep their line in the report.
+        description = _description(load_case(args.case, args.overrides))
     path = write_reports(frame, args.out or args.csv.parent, case, description, history)
     print(f"wrote {path}")
     return 0

@@ -205,6 +205,13 @@ def test_set_overrides_are_used_and_recorded_in_the_report(folder, capsys):
     assert "`--set epochs=2` `--set dataset.cutoff=3.5`" in report
     assert "cutoff=3.5" in report
     assert re.search(r"\| epochs \(budget\) +\| 2 +\|", report), report
+    # `report` regenerates the same markdown when given the same --case and --set.
+    (folder / "out" / "c.md").unlink()
+    flags = ["--case", "cases/c.toml", "--set", "epochs=2", "--set", "dataset.cutoff=3.5"]
+    assert cli.main(["report", "out/c.csv", *flags]) == 0
+    assert (folder / "out" / "c.md").read_text() == report
+    assert cli.main(["report", "out/c.csv", "--set", "epochs=2"]) == 2
+    assert "report --set needs --case" in capsys.readouterr().err
 
 
 def test_npz_missing_arrays(folder, capsys):
