@@ -96,7 +96,9 @@ def _sections(text: str) -> dict[str, str]:
     for line in text.splitlines(keepends=True):
         if line.startswith("## "):
             heading = line[3:].strip()
-            found[heading] = ""
+            # The heading's own line break: the body then starts with a blank line, as a
+            # section written by this run does ("\n\n" + text).
+            found[heading] = "\n"
         elif heading is not None:
             found[heading] += line
     return found

@@ -27,6 +27,7 @@ _EXPORTS = {  # public name -> module that defines it
     "Graph": "data.graphs",
     "GraphBatch": "data.graphs",
     "batch_graphs": "data.graphs",
+    "save_graphs": "data.npz",
     "RESULT_FIELDS": "core.results",
     "RunResult": "core.results",
     "Trainer": "train.trainer",
@@ -38,6 +39,8 @@ _EXPORTS = {  # public name -> module that defines it
     "get_variant": "model.variants",
     "list_variants": "model.variants",
     "register_variant": "model.variants",
+    "register_softmax": "model.softmax",
+    "register_logit_transform": "model.logit_transforms",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -9,7 +9,6 @@ usage and error, also with exit code 2.
 from __future__ import annotations
 
 import argparse
-import importlib
 import os
 import sys
 import traceback
@@ -33,6 +32,7 @@ def _parser() -> argparse.ArgumentParser:
         description="Train GNN variants on graph data, find the first NaN, write reports.",
     )
     parser.add_argument("--debug", action="store_true", help="show tracebacks for errors")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     run = sub.add_parser("run", help="run case files and write CSV and markdown reports")
@@ -44,7 +44,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     _add_run_flags(run)
 
-    lst = sub.add_parser("list", help="list the registered variants")
+    lst = sub.add_parser("list", help="list the registered variants, then the data sets")
     _add_plugin_flag(lst)
     lst.add_argument("--filter", help="only names containing this text")
 
@@ -55,6 +55,7 @@ def _parser() -> argparse.ArgumentParser:
         "--case", type=Path, metavar="CASE", help="the case file, for its description (optional)"
     )
     _add_plugin_flag(rep)
+    _add_set_flag(rep)
     add_compare_parser(sub)
     _add_claims_parser(sub)
     return parser
@@ -66,9 +67,31 @@ def _add_plugin_flag(parser: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         metavar="MODULE",
-        help="import MODULE first, so the variants and data sets it registers can be named "
-        "(repeatable; a plugin runs code, like a pytest plugin)",
+        help="import MODULE (a module name or a path to a .py file) first, so the variants "
+        "and data sets it registers can be named (repeatable; a plugin runs code, like a "
+        "pytest plugin)",
     )
+
+
+def _add_set_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        dest="overrides",
+        metavar="KEY=VALUE",
+        help="override a case key, validated as if it were in the file (repeatable): "
+        "--set epochs=20 --set dataset.num_graphs=200; recorded in the report",
+    )
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("stability")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        return "unknown (not installed)"
 
 
 def _add_run_flags(parser: argparse.ArgumentParser) -> None:
@@ -80,6 +103,7 @@ def _add_run_flags(parser: argparse.ArgumentParser) -> None:
         help="folder for <case>.csv, <case>.history.csv, <case>.md (default: reports)",
     )
     _add_plugin_flag(parser)
+    _add_set_flag(parser)
     existing = parser.add_mutually_exclusive_group()
     existing.add_argument(
         "--resume",
@@ -152,34 +176,34 @@ def _bad_input(args: argparse.Namespace, message: str) -> int:
     return EXIT_BAD_INPUT
 
 
-def _load_plugins(modules: Sequence[str]) -> None:
-    # The current folder is importable, as with `python -m`, so a user's module beside the
-    # case files can be named without installing it.
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
-    for module in modules:
-        try:
-            importlib.import_module(module)
-        except Exception as exc:
-            raise StabilityError(
-                f"plugin {module!r} failed to import: {type(exc).__name__}: {exc}"
-            ) from exc
+def _load_plugins(specs: Sequence[str]) -> None:
+    """Import each ``--plugin``: a module name, or a .py path relative to the working folder."""
+    from stability.core.plugins import forget_loaded, load_plugin
+
+    forget_loaded()  # an unknown name hints at --plugin when this command line gave none
+    for spec in specs:
+        load_plugin(spec)
 
 
 def _run(args: argparse.Namespace) -> int:
     from stability.sweep.cases import load_case
 
-    cases = [load_case(path) for path in args.cases]  # all validated before any training
+    # All validated before any training.
+    cases = [load_case(path, args.overrides) for path in args.cases]
     if args.variants:
         from dataclasses import replace
 
+        from stability.core.plugins import plugin_hint
         from stability.model.variants import get_variant
 
         names = tuple(n.strip() for n in args.variants.split(",") if n.strip())
         if not names:
             raise StabilityError(f"--variants {args.variants!r}: name at least one variant")
         for name in names:
-            get_variant(name)
+            try:
+                get_variant(name)
+            except StabilityError as exc:
+                raise StabilityError(plugin_hint(exc)) from None
         cases = [replace(case, variants=names) for case in cases]
     _run_cases(cases, args)
     return 0
@@ -230,7 +254,14 @@ def xla_note(dtype: str) -> str:
 
 
 def _description(case: Case) -> str:
-    return f"{xla_note(case.dtype)}\n\n{case.description}" if case.jit_compile else case.description
+    text = f"{xla_note(case.dtype)}\n\n{case.description}" if case.jit_compile else case.description
+    return f"{text}\n\n{_overrides_note(case)}" if case.overrides else text
+
+
+def _overrides_note(case: Case) -> str:
+    """The report's line saying which settings the command line changed (``--set``)."""
+    flags = " ".join(f"`--set {override}`" for override in case.overrides)
+    return f"Settings changed on the command line, over the case file: {flags}."
 
 
 def _check_writable(out: Path) -> None:
@@ -249,7 +280,20 @@ def _list(args: argparse.Namespace) -> int:
     width = max((len(v.name) for v in variants), default=0)
     for variant in variants:
         print(f"{variant.name:<{width}}  {variant.description}")
+    _list_datasets(args.filter)
     return 0
+
+
+def _list_datasets(filter: str | None) -> None:
+    """The data sets after the variants, each with its parameters and their defaults."""
+    from stability.data import dataset_parameters, list_datasets
+
+    names = [name for name in list_datasets() if filter is None or filter in name]
+    if names:
+        print("\ndata sets ([dataset] name = ..., then its keys with their defaults):")
+    for name in names:
+        params = ", ".join(f"{k}={v!r}" for k, v in dataset_parameters(name).items())
+        print(f"  {name}({params})")
 
 
 def _report(args: argparse.Namespace) -> int:
@@ -262,10 +306,13 @@ def _report(args: argparse.Namespace) -> int:
         raise StabilityError(f"{args.csv}: has no result rows")
     case = str(frame["case"].iloc[0])
     description = ""
+    if args.overrides and args.case is None:
+        raise StabilityError("report --set needs --case: the overrides apply to a case file")
     if args.case is not None:
         from stability.sweep.cases import load_case
 
-        description = _description(load_case(args.case))
+        # The run's --set overrides, given again, keep their line in the report.
+        description = _description(load_case(args.case, args.overrides))
     path = write_reports(frame, args.out or args.csv.parent, case, description, history)
     print(f"wrote {path}")
     return 0
@@ -309,7 +356,7 @@ def _claims(args: argparse.Namespace) -> int:
     from stability.sweep.cases import load_case
     from stability.sweep.runner import case_datasets
 
-    cases = [load_case(args.cases / f"{name}.toml") for name in CLAIM_CASES]
+    cases = [load_case(args.cases / f"{name}.toml", args.overrides) for name in CLAIM_CASES]
     if args.smoke:
         cases = [_smoke(case) for case in cases]
     if not args.no_run:

@@ -54,3 +54,36 @@ max_nodes = 7
 @pytest.fixture(scope="session")
 def tiny_dataset() -> Dataset:
     return load_dataset("synthetic", **TINY_DATA)
+
+
+@pytest.fixture
+def isolated_registries(monkeypatch):
+    """Registries and imported modules as they were before the test: a plugin a test loads
+    in this process registers nothing that another test sees (``stability list``,
+    "Known: ..." messages), and importing it again registers it again."""
+    import sys
+
+    from stability.core import plugins
+    from stability.data import registry
+    from stability.model import logit_transforms, softmax, variants
+
+    for module, name in [
+        (variants, "_variants"),
+        (softmax, "_softmaxes"),
+        (logit_transforms, "_transforms"),
+        (registry, "_datasets"),
+    ]:
+        monkeypatch.setattr(module, name, dict(getattr(module, name)))
+    monkeypatch.setattr(plugins, "_loaded", [])
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    from pathlib import Path
+
+    before = set(sys.modules)
+    yield
+    # Only the test's own plugin files: a library or stability module imported for the
+    # first time during the test stays imported (a second copy would register twice).
+    keep = (str(Path(__file__).resolve().parent.parent / "stability"), sys.prefix, sys.base_prefix)
+    for added in set(sys.modules) - before:
+        origin = getattr(sys.modules[added], "__file__", None) or ""
+        if origin and not origin.startswith(keep):
+            del sys.modules[added]

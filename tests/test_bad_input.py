@@ -141,7 +141,9 @@ TABLE = [
     pytest.param(
         {"c.toml": case_on("nan_edges")},
         [*RUN, "--variants", "raw_ee"],
-        f"unknown variant 'raw_ee'. Did you mean 'raw_e'? Known: {VARIANTS}.",
+        f"unknown variant 'raw_ee'. Did you mean 'raw_e'? Known: {VARIANTS}. If your own "
+        "module registers this variant, name it with --plugin my_module.py or "
+        'plugins = ["my_module.py"] in the case file.',
         id="cmd-variant-typo",
     ),
     pytest.param(

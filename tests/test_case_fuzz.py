@@ -12,7 +12,9 @@ from stability.model.variants import list_variants
 from stability.sweep.cases import Case, parse_case
 from stability.train.trainer import DTYPES
 
-TOP_KEYS = [f.name for f in Case.__dataclass_fields__.values()]
+# Not `plugins`: a plugin is imported, and random text must not import random modules
+# (tests/test_user_files.py checks the key).
+TOP_KEYS = [f.name for f in Case.__dataclass_fields__.values() if f.name != "plugins"]
 DATASET_KEYS = ["name", *dataset_parameters("synthetic")]
 
 # Huge numbers on purpose: TOML integers past 64 bits, floats near overflow, nan and inf.

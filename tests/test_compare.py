@@ -108,3 +108,18 @@ def test_cli_exit_codes_and_diff_table(tmp_path, baseline):
 def test_a_tolerance_must_be_a_fraction(text):
     with pytest.raises(argparse.ArgumentTypeError, match="not a fraction >= 0"):
         _fraction(text)
+
+
+def test_different_data_or_settings_are_said_per_row_and_not_a_regression(baseline):
+    # The case: the same variants on another data set, with far worse MAE.
+    new = baseline.copy()
+    first = new["variant"].iloc[0]
+    mine = new["variant"] == first
+    new.loc[mine, "dataset"] = "synthetic(other)"
+    new.loc[mine, "final_mae"] = new.loc[mine, "final_mae"] * 45
+    new.loc[~mine, "epochs"] = new.loc[~mine, "epochs"] + 1
+    table = compare_results(new, baseline).set_index("variant")
+    assert table.loc[first, "status"].startswith("not comparable: data set differs (")
+    others = table.drop(index=first)
+    assert others["status"].str.startswith("not comparable: epochs differ (").all()
+    assert not table["changed"].any()

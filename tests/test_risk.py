@@ -7,7 +7,13 @@ import pandas as pd
 import pytest
 
 from stability.core.limits import exp_limits
-from stability.report.risk import crossing_epoch, logit_trend, risk_table, run_risks
+from stability.report.risk import (
+    MIN_TREND_EPOCHS,
+    crossing_epoch,
+    logit_trend,
+    risk_table,
+    run_risks,
+)
 
 LINE = exp_limits("float32").underflow
 
@@ -76,3 +82,18 @@ def test_each_data_set_is_its_own_run():
     steeper = history.assign(dataset="e", max_abs_logit=1.0 + 2.0 * history["epoch"])
     both = run_risks(pd.concat([results, other]), pd.concat([history, steeper]))
     assert sorted(both["slope"].round(6)) == [1.0, 2.0]
+
+
+def test_a_run_shorter_than_the_minimum_is_not_extrapolated():
+    # The case: 5 epochs of a slowly growing logit once "crossed at epoch 3850".
+    short = MIN_TREND_EPOCHS - 1
+    results, history = _case({"slow": 0.02}, {}, budget=short)
+    table = risk_table(results, history).set_index("variant")
+    assert table.loc["slow", "trend crosses it at epoch (finite runs), median"] == "-"
+    assert table.loc["slow", "risk"] == (
+        f"1 finite run(s) too short to extrapolate (under {MIN_TREND_EPOCHS} epochs)"
+    )
+    # At the minimum, the same growth is extrapolated.
+    results, history = _case({"slow": 0.02}, {}, budget=MIN_TREND_EPOCHS)
+    table = risk_table(results, history).set_index("variant")
+    assert table.loc["slow", "trend crosses it at epoch (finite runs), median"] != "-"

@@ -79,3 +79,44 @@ def test_a_second_variant_of_the_same_name_is_refused():
 
     with pytest.raises(StabilityError, match="already registered"):
         register_variant(raw_e)
+
+
+def test_a_registered_softmax_and_logit_transform_are_one_decorated_function_each(
+    isolated_registries, tiny_dataset
+):
+    import tensorflow as tf
+
+    from stability import register_logit_transform, register_softmax
+
+    calls = []
+
+    @register_logit_transform
+    def squash_to_one(logits):
+        return tf.tanh(logits)
+
+    @register_softmax
+    def counted(logits, receivers, num_nodes):
+        calls.append(int(logits.shape[0]))
+        exp = tf.exp(logits)
+        return exp / tf.gather(tf.math.unsorted_segment_sum(exp, receivers, num_nodes), receivers)
+
+    ctx = BuildContext(
+        num_features=tiny_dataset.num_features,
+        hidden=8,
+        num_layers=1,
+        learning_rate=1e-3,
+        edge_mean=0.0,
+        edge_std=1.0,
+    )
+    recipe = create_recipe(ctx, softmax="counted", logit_transform="squash_to_one")
+    # A large edge value makes Net's raw logits large; the transform bounds them by 1.
+    batch = batch_graphs(tiny_dataset.train[:4])
+    inputs = {**batch.as_inputs(), "edges": batch.edges * 1e4}
+    out = recipe.model.forward(inputs)
+    assert calls == [batch.num_edges]
+    assert float(tf.reduce_max(tf.abs(out["logits"][0]))) <= 1.0
+    assert recipe.model.get_config()["logit_transform"] == "squash_to_one"
+    with pytest.raises(NameNotFound, match="unknown logit transform 'tanh'"):
+        create_recipe(ctx, logit_transform="tanh")
+    with pytest.raises(StabilityError, match="already registered"):
+        register_softmax(name="counted")(lambda logits, receivers, num_nodes: logits)

@@ -1,11 +1,17 @@
 """The data layer: graphs, the data set registry, the built-in data sets and Hypothesis strategies.
 
 Importing this package registers the built-in data sets (``synthetic``, ``generated``,
-``g2``): each lives in its own module and registers itself with ``registry``, which imports
-none of them.
+``g2``, ``structures``, ``npz``): each lives in its own module and registers itself with
+``registry``, which imports none of them.
 """
 
-from stability.data import generated, molecules, synthetic  # noqa: F401  (registration)
+from stability.data import (  # noqa: F401  (registration)
+    generated,
+    molecules,
+    npz,
+    structures,
+    synthetic,
+)
 from stability.data.registry import (
     Dataset,
     dataset_from_key,

@@ -28,6 +28,9 @@ class Graph:
         edges: ``[num_edges, 1]`` the edge distance ``e``.
         senders, receivers: ``[num_edges]`` int node indices; a message flows sender -> receiver.
         target: the graph's scalar target, in its own units.
+        source_index: the graph's index in the user's own data (a file, a list) before any
+            shuffle or split; errors name the graph by it. ``None``: by its place in the data
+            set (train first, then validation).
     """
 
     nodes: np.ndarray
@@ -35,6 +38,7 @@ class Graph:
     senders: np.ndarray
     receivers: np.ndarray
     target: float
+    source_index: int | None = None
 
     @property
     def num_nodes(self) -> int:
@@ -127,7 +131,7 @@ def validate_graph(graph: Graph, index: int, allow_nonfinite: bool = False) -> N
     With ``allow_nonfinite``, NaN and +-Inf values pass (``nonfinite_field`` finds them);
     shapes, edge endpoints and negative distances are checked either way.
     """
-    where = f"graph {index}"
+    where = graph_label(graph, index)
     if graph.nodes.ndim != 2:
         raise DataError(f"{where}: nodes must be [num_nodes, features], got {graph.nodes.shape}")
     if graph.edges.shape != (graph.num_edges, 1):
@@ -149,12 +153,18 @@ def validate_graph(graph: Graph, index: int, allow_nonfinite: bool = False) -> N
         raise DataError(f"{where}: edges hold negative distances (min {finite.min():g})")
 
 
+def graph_label(graph: Graph, index: int) -> str:
+    """ "graph N": N is the user's own index (``source_index``) when the graph has one, else
+    ``index``, its place in the data set."""
+    return f"graph {index if graph.source_index is None else graph.source_index}"
+
+
 def nonfinite_message(graph: Graph, index: int, field: str) -> str:
-    """One line naming graph ``index`` and its non-finite ``field``."""
+    """One line naming graph ``index`` (or its ``source_index``) and its non-finite ``field``."""
     if field == "target":
-        return f"graph {index}: target {graph.target!r} is not finite"
+        return f"{graph_label(graph, index)}: target {graph.target!r} is not finite"
     what = "distances" if field == "edges" else "values"
-    return f"graph {index}: {field} hold non-finite {what}"
+    return f"{graph_label(graph, index)}: {field} hold non-finite {what}"
 
 
 def nonfinite_field(graph: Graph) -> str | None:

@@ -9,13 +9,19 @@ from __future__ import annotations
 
 import ast
 import inspect
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
 from stability.core.errors import DataError, NameNotFound, StabilityError
-from stability.data.graphs import Graph, nonfinite_field, nonfinite_message, validate_graph
+from stability.data.graphs import (
+    Graph,
+    graph_label,
+    nonfinite_field,
+    nonfinite_message,
+    validate_graph,
+)
 
 
 @dataclass(frozen=True)
@@ -54,8 +60,8 @@ class Dataset:
             features = graph.nodes.shape[1]
             if features != graphs[0].nodes.shape[1]:
                 raise DataError(
-                    f"data set {self.key}: graph {index}: nodes have {features} features, "
-                    f"graph 0 has {graphs[0].nodes.shape[1]}"
+                    f"data set {self.key}: {graph_label(graph, index)}: nodes have {features} "
+                    f"features, graph 0 has {graphs[0].nodes.shape[1]}"
                 )
             bad = nonfinite_field(graph)
             if bad is not None and self.nonfinite_input is None:
@@ -78,6 +84,30 @@ class Dataset:
     @property
     def num_features(self) -> int:
         return int(self.train[0].nodes.shape[1])
+
+    @classmethod
+    def from_graphs(
+        cls, key: str, graphs: Sequence[Graph], *, seed: int = 0, val_fraction: float = 0.2
+    ) -> Dataset:
+        """Split ``graphs`` by graph: ``val_fraction`` of them (at least one) drawn with
+        ``seed`` for validation, the rest for training.
+
+        Each graph keeps its place in ``graphs`` as its ``source_index`` (unless it has one),
+        so errors name graphs by the user's own index, not by their place after the shuffle.
+        """
+        if not 0.0 < val_fraction < 1.0:
+            raise DataError(f"data set {key}: val_fraction={val_fraction} must be in (0, 1)")
+        numbered = [
+            g if g.source_index is not None else replace(g, source_index=i)
+            for i, g in enumerate(graphs)
+        ]
+        order = np.random.default_rng(seed).permutation(len(numbered))
+        num_val = max(1, round(len(numbered) * val_fraction))
+        return cls(
+            key=key,
+            train=[numbered[i] for i in order[num_val:]],
+            val=[numbered[i] for i in order[:num_val]],
+        )
 
 
 _datasets: dict[str, Callable[..., Dataset]] = {}  # name -> builder(seed=..., **params)

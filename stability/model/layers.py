@@ -7,6 +7,7 @@ from typing import Any
 import keras
 import tensorflow as tf
 
+from stability.model.logit_transforms import get_logit_transform
 from stability.model.softmax import get_softmax
 
 EDGE_MODES = ("raw", "sigmoid", "normalized", "relu", "none")
@@ -66,6 +67,8 @@ class AttentionMessagePassing(keras.layers.Layer):
         softmax: "naive" (the seed's) or "stable" (max-subtracted), see ``stability.model.softmax``.
         net_kernel_constraint: a Keras constraint for ``Net``'s kernel, or None.
         net_kernel_regularizer: a Keras regularizer for ``Net``'s kernel, or None.
+        logit_transform: applied to ``Net``'s logits before the softmax ("none", or a name
+            registered with ``register_logit_transform``).
 
     Shapes:
         inputs: nodes ``[num_nodes, hidden]``, edge features ``[num_edges, k]``,
@@ -81,12 +84,15 @@ class AttentionMessagePassing(keras.layers.Layer):
         softmax: str = "naive",
         net_kernel_constraint: Any = None,
         net_kernel_regularizer: Any = None,
+        logit_transform: str = "none",
         **kwargs: Any,
     ):
         super().__init__(**kwargs)
         self.hidden = int(hidden)
         self.softmax = softmax
         self._softmax_fn = get_softmax(softmax)
+        self.logit_transform = logit_transform
+        self._transform_fn = get_logit_transform(logit_transform)
         self.net = keras.layers.Dense(
             1,
             kernel_constraint=keras.constraints.get(net_kernel_constraint),
@@ -118,7 +124,7 @@ class AttentionMessagePassing(keras.layers.Layer):
         # [num_edges, hidden + k]
         z = tf.concat([neighbors_mean, tf.cast(edge_features, nodes.dtype)], axis=-1)
         # [num_edges, 1]
-        logits = self.net(z)
+        logits = self._transform_fn(self.net(z))
         if edge_mask is not None:
             # Padding edges (stability.data.padding) get a logit of 0: exp(0) = 1 can neither
             # overflow nor vanish, so padding never makes a NaN of its own, and the where
@@ -136,6 +142,7 @@ class AttentionMessagePassing(keras.layers.Layer):
             **super().get_config(),
             "hidden": self.hidden,
             "softmax": self.softmax,
+            "logit_transform": self.logit_transform,
             "net_kernel_constraint": keras.constraints.serialize(self.net.kernel_constraint),
             "net_kernel_regularizer": keras.regularizers.serialize(self.net.kernel_regularizer),
         }

@@ -36,6 +36,7 @@ class GraphNetwork(keras.Model):
         softmax: str = "naive",
         net_kernel_constraint: Any = None,
         net_kernel_regularizer: Any = None,
+        logit_transform: str = "none",
         **kwargs: Any,
     ):
         super().__init__(**kwargs)
@@ -50,6 +51,7 @@ class GraphNetwork(keras.Model):
                 softmax=softmax,
                 net_kernel_constraint=net_kernel_constraint,
                 net_kernel_regularizer=net_kernel_regularizer,
+                logit_transform=logit_transform,
                 name=f"message_passing_{k}",
                 dtype=self.dtype_policy,
             )
@@ -120,6 +122,7 @@ class GraphNetwork(keras.Model):
             "edge_mean": self.edge_feature.mean,
             "edge_std": self.edge_feature.std,
             "softmax": first.softmax if first else "naive",
+            "logit_transform": first.logit_transform if first else "none",
             "net_kernel_constraint": first.get_config()["net_kernel_constraint"] if first else None,
             "net_kernel_regularizer": (
                 first.get_config()["net_kernel_regularizer"] if first else None

@@ -16,10 +16,12 @@ Shapes: ``logits`` ``[num_edges, 1]``, ``receivers`` ``[num_edges]``, result ``[
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import tensorflow as tf
 
 from stability.core.errors import NameNotFound
+from stability.core.registration import check_new_name
 
 SegmentSoftmax = Callable[[tf.Tensor, tf.Tensor, tf.Tensor], tf.Tensor]
 
@@ -59,8 +61,29 @@ _softmaxes: dict[str, SegmentSoftmax] = {  # name -> segment softmax
 }
 
 
+def register_softmax(fn: SegmentSoftmax | None = None, *, name: str | None = None) -> Any:
+    """Decorator: register ``fn(logits, receivers, num_nodes)`` as the segment softmax
+    ``name`` (default: its function name), for ``create_recipe(ctx, softmax=name)``.
+
+    Shapes: ``logits`` ``[num_edges, 1]``, ``receivers`` ``[num_edges]``, ``num_nodes`` a
+    scalar; it returns ``[num_edges, 1]``.
+    """
+
+    def decorate(softmax: SegmentSoftmax) -> SegmentSoftmax:
+        key = name or softmax.__name__
+        check_new_name("softmax", key, _softmaxes.get(key), softmax)
+        _softmaxes[key] = softmax
+        return softmax
+
+    return decorate(fn) if fn is not None else decorate
+
+
+def list_softmaxes() -> list[str]:
+    return sorted(_softmaxes)
+
+
 def get_softmax(name: str) -> SegmentSoftmax:
-    """The segment softmax called ``name`` ("naive" or "stable")."""
+    """The segment softmax called ``name`` ("naive", "stable" or a registered one)."""
     if name not in _softmaxes:
         raise NameNotFound("softmax", name, _softmaxes)
     return _softmaxes[name]

@@ -128,8 +128,21 @@ def create_recipe(
     optimizer_options: dict[str, Any] | None = None,
     loss: Loss = robust_loss,
     gradient_transform: GradientTransform | None = None,
+    logit_transform: str = "none",
 ) -> Recipe:
-    """The seed's model and Adam with the given changes; every built-in variant calls this."""
+    """The seed's model and Adam with the given changes; every built-in variant calls this.
+
+    Options and their allowed values (docs/plugins.md has the same table):
+
+    - ``edge_mode``: how ``e`` enters ``z``: "raw", "sigmoid", "normalized", "relu", "none".
+    - ``softmax``: "naive", "stable", or a name registered with ``register_softmax``.
+    - ``logit_transform``: "none", or a name registered with ``register_logit_transform``.
+    - ``net_kernel_constraint``, ``net_kernel_regularizer``: a Keras constraint/regularizer
+      (object, name or config) for ``Net``'s kernel, or None.
+    - ``optimizer_options``: keyword arguments for ``keras.optimizers.Adam`` (``clipnorm``...).
+    - ``loss``: ``loss(targets [num_graphs], predictions [num_graphs, 2]) -> scalar``.
+    - ``gradient_transform``: ``f(list of gradients) -> list of gradients``, or None.
+    """
     model = GraphNetwork(
         ctx.num_features,
         hidden=ctx.hidden,
@@ -140,6 +153,7 @@ def create_recipe(
         softmax=softmax,
         net_kernel_constraint=net_kernel_constraint,
         net_kernel_regularizer=net_kernel_regularizer,
+        logit_transform=logit_transform,
         dtype=ctx.dtype,
     )
     optimizer = keras.optimizers.Adam(ctx.learning_rate, **(optimizer_options or {}))

@@ -8,6 +8,10 @@ A variant's verdict (per case, learning rate, batch size and dtype) changes when
 - its median final MAE gets worse by more than ``mae`` (a fraction of the baseline's);
 - it is in the baseline but missing from the new results.
 
+A row whose base and new runs differ in data set (its key, which carries a file's hash),
+epochs or seeds is "not comparable", said per row, and never counted as a changed verdict:
+a different MAE on different data is no regression.
+
 ``python -m stability compare NEW_DIR BASELINE_DIR`` prints the diff table and exits 1 when
 a verdict changed, 2 on bad input, 0 otherwise.
 """
@@ -29,6 +33,14 @@ EXIT_VERDICT_CHANGED = 1
 
 #: The columns a verdict is kept per.
 VERDICT_KEYS = ["case", "variant", "learning_rate", "batch_size", "dtype"]
+
+
+#: Row settings that must match for base and new to be compared (else "not comparable").
+COMPARABLE = ("dataset", "epochs", "seed")
+
+
+def _values(column: pd.Series) -> str:
+    return ", ".join(str(v) for v in sorted(column.unique(), key=str))
 
 
 @dataclass(frozen=True)
@@ -56,13 +68,18 @@ def verdicts(frame: pd.DataFrame) -> pd.DataFrame:
     """Per ``VERDICT_KEYS``: runs, runs with a NaN, median first-NaN epoch, median final MAE."""
     groups = settings(frame, VERDICT_KEYS)
     if not groups:
-        return pd.DataFrame(columns=["runs", "nan_runs", "nan_epoch", "mae"])
+        return pd.DataFrame(columns=["runs", "nan_runs", "nan_epoch", "mae", *COMPARABLE])
+    runs = frame.groupby(VERDICT_KEYS, sort=False)
     return pd.DataFrame(
         {
             "runs": [s.runs for _, s in groups],
             "nan_runs": [s.nan_runs for _, s in groups],
             "nan_epoch": [s.nan_epochs.median() for _, s in groups],
             "mae": [s.final_mae for _, s in groups],
+            **{
+                column: [_values(runs.get_group(key)[column]) for key, _ in groups]
+                for column in COMPARABLE
+            },
         },
         index=pd.MultiIndex.from_tuples([key for key, _ in groups], names=VERDICT_KEYS),
     )
@@ -78,7 +95,8 @@ def compare_results(
     )
     rows = []
     for key, row in joined.iterrows():
-        status = _status(row, tolerances)
+        differs = _differs(row)
+        status = f"not comparable: {differs}" if differs else _status(row, tolerances)
         rows.append(
             {
                 **dict(zip(VERDICT_KEYS, key, strict=True)),
@@ -86,10 +104,24 @@ def compare_results(
                 "first NaN epoch (base -> new)": _pair(row, "nan_epoch", "{:g}"),
                 "final MAE (base -> new)": _pair(row, "mae", "{:.3f}"),
                 "status": status or "ok",
-                "changed": bool(status) and status != "not in baseline",
+                "changed": bool(status) and status != "not in baseline" and not differs,
             }
         )
     return pd.DataFrame(rows)
+
+
+def _differs(row: pd.Series) -> str:
+    """What base and new differ in ("data set", "epochs 5 vs 300", ...), or ""."""
+    if pd.isna(row["runs_new"]) or pd.isna(row["runs_base"]):
+        return ""
+    names = {"dataset": "data set", "epochs": "epochs", "seed": "seeds"}
+    parts = []
+    for column in COMPARABLE:
+        base, new = row[f"{column}_base"], row[f"{column}_new"]
+        if base != new:
+            verb = "differs" if column == "dataset" else "differ"
+            parts.append(f"{names[column]} {verb} ({base} vs {new})")
+    return "; ".join(parts)
 
 
 def _status(row: pd.Series, tol: Tolerances) -> str:
@@ -175,6 +207,12 @@ def compare_command(args: argparse.Namespace) -> int:
     table = compare_results(new, baseline, Tolerances(args.nan_epoch_tolerance, args.mae_tolerance))
     changed = table["changed"]
     print(table.drop(columns="changed").to_markdown(index=False))
+    apart = int(table["status"].str.startswith("not comparable").sum())
+    if apart:
+        print(
+            f"\n{apart} row(s) not comparable: base and new ran on different data or settings "
+            "(not counted as changed)"
+        )
     if changed.any():
         print(f"\n{int(changed.sum())} verdict(s) changed against {args.baseline}")
         return EXIT_VERDICT_CHANGED

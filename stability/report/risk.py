@@ -21,6 +21,11 @@ from stability.core.limits import exp_limits
 #: early epochs of training move fast and say little about where the logits are heading.
 TREND_FRACTION = 0.5
 
+#: The fewest epochs a finite run needs before its trend is extrapolated: the line is fitted
+#: to the last ``TREND_FRACTION`` of them, so 20 epochs give it 10 points. A 5-epoch run's
+#: line through 3 early points once "crossed at epoch 3850"; that is no evidence of anything.
+MIN_TREND_EPOCHS = 20
+
 #: Grouping of runs into the rows of a report.
 GROUP_KEYS = ["learning_rate", "batch_size", "variant"]
 
@@ -62,16 +67,21 @@ def run_risks(results: pd.DataFrame, history: pd.DataFrame) -> pd.DataFrame:
         dtype = str(dtypes.get(key, "float32"))
         name, line = exp_limits(dtype).nearest
         hit = finals.get(key)
+        hit_nan = hit is not None and not pd.isna(hit)
+        last_epoch = int(run["epoch"].max())
+        crossing = crossing_epoch(slope, intercept, line)
+        if not hit_nan and last_epoch < MIN_TREND_EPOCHS:
+            crossing = math.nan  # too short to extrapolate (MIN_TREND_EPOCHS)
         rows.append(
             {
                 **dict(zip(keys, key, strict=True)),
                 "slope": slope,
                 "line": line,
                 "line_name": name,
-                "hit_nan": hit is not None and not pd.isna(hit),
-                "last_epoch": int(run["epoch"].max()),
+                "hit_nan": hit_nan,
+                "last_epoch": last_epoch,
                 "peak": float(run["max_abs_logit"].max()),
-                "crossing": crossing_epoch(slope, intercept, line),
+                "crossing": crossing,
             }
         )
     return pd.DataFrame(rows)
@@ -109,7 +119,7 @@ def risk_table(results: pd.DataFrame, history: pd.DataFrame) -> pd.DataFrame:
 
 
 def _crossing(runs: pd.DataFrame) -> str:
-    finite = runs.loc[~runs["hit_nan"] & ~(runs["peak"] > runs["line"]), "crossing"]
+    finite = runs.loc[~runs["hit_nan"] & ~(runs["peak"] > runs["line"]), "crossing"].dropna()
     if finite.empty:
         return "-"
     median = finite.median()
@@ -132,6 +142,12 @@ def risk_line(runs: pd.DataFrame, budget: int) -> str:
             "exp does not see the raw logit"
         )
         finite = finite.drop(past.index)
+    short = finite[finite.isna()]
+    if not short.empty:
+        parts.append(
+            f"{len(short)} finite run(s) too short to extrapolate (under {MIN_TREND_EPOCHS} epochs)"
+        )
+        finite = finite.dropna()
     if not finite.empty:
         median = finite.median()
         if math.isinf(median) or median > 10 * budget:

@@ -17,7 +17,7 @@ from stability.core.files import atomic_write_text
 from stability.core.limits import exp_limits
 from stability.core.results import HISTORY_FIELDS, RESULT_FIELDS, RunResult
 from stability.report.plots import write_plots
-from stability.report.risk import TREND_FRACTION, risk_table
+from stability.report.risk import MIN_TREND_EPOCHS, TREND_FRACTION, risk_table
 from stability.report.summary import Setting, best_finite, settings
 
 
@@ -174,7 +174,8 @@ def _history_sections(frame: pd.DataFrame, history: pd.DataFrame, case: str) -> 
             f"{limits.dtype} limits: overflow above +{limits.overflow:.2f} and flush-to-zero "
             f"underflow below -{limits.underflow:.2f} (when every logit into a node is below "
             "it, the naive softmax computes 0/0). For runs that stayed finite, the epoch at "
-            "which the trend would reach the line."
+            "which the trend would reach the line; not for runs of fewer than "
+            f"{MIN_TREND_EPOCHS} epochs, too few points to extrapolate from."
         ),
         risk_table(frame, history).to_markdown(index=False),
         "## Plots",

@@ -10,7 +10,7 @@ from __future__ import annotations
 import difflib
 import math
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,7 +20,8 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - exercised by the 3.10 tox environment
     import tomli as tomllib
 
-from stability.core.errors import CaseError, StabilityError
+from stability.core.errors import CaseError, NameNotFound, StabilityError
+from stability.core.plugins import load_plugin, plugin_hint
 from stability.data import dataset_parameters, list_datasets
 from stability.model.variants import get_variant, list_variants
 from stability.train.trainer import DTYPES, default_dtype
@@ -51,6 +52,10 @@ class Case:
     #: How many data sets to train every run on: data set k is built with seed
     #: ``dataset.seed + k`` (one draw per seed for the ``generated`` data set).
     num_datasets: int = 1
+    #: The case's own plugins (``plugins = [...]``), imported when the case was loaded.
+    plugins: tuple[str, ...] = ()
+    #: ``KEY=VALUE`` overrides given on the command line (``--set``), in order.
+    overrides: tuple[str, ...] = ()
 
 
 def _positive_int(value: Any) -> bool:
@@ -93,6 +98,10 @@ _TOP_LEVEL: dict[str, tuple[Callable[[Any], bool], str]] = {
     "jit_compile": (lambda v: isinstance(v, bool), "true or false"),
     "allow_nonfinite_input": (lambda v: isinstance(v, bool), "true or false"),
     "num_datasets": (_positive_int, "an integer > 0"),
+    "plugins": (
+        lambda v: isinstance(v, list) and all(isinstance(p, str) and p for p in v),
+        "a list of module names or .py paths (relative to the case file)",
+    ),
 }
 _MODEL: dict[str, tuple[Callable[[Any], bool], str]] = {
     "hidden": (_positive_int, "an integer > 0"),
@@ -101,8 +110,13 @@ _MODEL: dict[str, tuple[Callable[[Any], bool], str]] = {
 _TABLES = ("model", "dataset")
 
 
-def load_case(path: str | Path) -> Case:
-    """Read and validate the case file at ``path``."""
+#: Data set parameters that name a file: a relative one is relative to the case file.
+PATH_PARAMETERS = ("path",)
+
+
+def load_case(path: str | Path, overrides: Sequence[str] = ()) -> Case:
+    """Read and validate the case file at ``path``, with ``KEY=VALUE`` ``overrides``
+    (``--set``) applied first and validated like the file."""
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8")
@@ -110,35 +124,80 @@ def load_case(path: str | Path) -> Case:
         raise CaseError(f"{path}: no such case file") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise CaseError(f"{path}: cannot read the case file ({exc})") from None
-    return parse_case(text, source=str(path), default_name=path.stem)
+    return parse_case(
+        text, source=str(path), default_name=path.stem, base_dir=path.parent, overrides=overrides
+    )
 
 
-def parse_case(text: str, source: str = "<case>", default_name: str = "case") -> Case:
-    """Parse and validate case TOML ``text``; ``source`` names it in errors."""
+def parse_case(
+    text: str,
+    source: str = "<case>",
+    default_name: str = "case",
+    base_dir: Path | None = None,
+    overrides: Sequence[str] = (),
+) -> Case:
+    """Parse and validate case TOML ``text``; ``source`` names it in errors, ``base_dir``
+    (default: the working folder) is what relative paths in it are relative to."""
     try:
         doc = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise CaseError(f"{source}: not valid TOML: {exc}") from None
+    for override in overrides:
+        apply_override(doc, override)
     _check_keys(source, "", doc, [*_TOP_LEVEL, *_TABLES])
     for key, value in doc.items():
         if key in _TOP_LEVEL:
             _check_value(source, key, value, *_TOP_LEVEL[key])
+    plugins = tuple(doc.get("plugins", ()))
+    for plugin in plugins:
+        try:
+            load_plugin(plugin, base_dir)
+        except StabilityError as exc:
+            raise CaseError(f"{source}: plugins: {exc}") from None
     model = _table(source, doc, "model")
     _check_keys(source, "model.", model, list(_MODEL))
     for key, value in model.items():
         _check_value(source, f"model.{key}", value, *_MODEL[key])
     dataset_name, dataset_params = _dataset(source, _table(source, doc, "dataset"))
+    for key in PATH_PARAMETERS:
+        value = dataset_params.get(key)
+        if isinstance(value, str) and value and not Path(value).is_absolute():
+            dataset_params[key] = str((base_dir or Path.cwd()) / value)
     variants = tuple(doc.get("variants", [v.name for v in list_variants()]))
     for name in variants:
         try:
             get_variant(name)
         except StabilityError as exc:
-            raise CaseError(f"{source}: variants: {exc}") from None
+            raise CaseError(f"{source}: variants: {plugin_hint(exc)}") from None
     top = {k: tuple(v) if isinstance(v, list) else v for k, v in doc.items() if k in _TOP_LEVEL}
     top.setdefault("name", default_name)
     top["variants"] = variants
     top["learning_rates"] = tuple(float(v) for v in top.get("learning_rates", Case.learning_rates))
+    top["overrides"] = tuple(overrides)
     return Case(**top, **model, dataset=dataset_name, dataset_params=dataset_params)
+
+
+def apply_override(doc: dict[str, Any], override: str) -> None:
+    """Set ``KEY=VALUE`` in the parsed case ``doc``: ``KEY`` is a top-level key or
+    ``table.key`` (``dataset.num_graphs``); ``VALUE`` is read as a TOML value (``20``,
+    ``0.5``, ``true``, ``[0, 1]``, ``"text"``), or else taken as a string."""
+    key, sep, text = override.partition("=")
+    key = key.strip()
+    parts = key.split(".")
+    if not sep or not key or len(parts) > 2 or not all(parts):
+        raise CaseError(
+            f"--set {override!r}: expected KEY=VALUE, e.g. epochs=20 or dataset.num_graphs=200"
+        )
+    try:
+        value = tomllib.loads(f"v = {text.strip()}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = text.strip()  # a bare word: a name such as dataset.name=structures
+    table = doc
+    if len(parts) == 2:
+        table = doc.setdefault(parts[0], {})
+        if not isinstance(table, dict):
+            raise CaseError(f"--set {override!r}: {parts[0]} is not a table in the case")
+    table[parts[-1]] = value
 
 
 def _table(source: str, doc: dict[str, Any], key: str) -> dict[str, Any]:
@@ -151,12 +210,16 @@ def _table(source: str, doc: dict[str, Any], key: str) -> dict[str, Any]:
 def _dataset(source: str, table: dict[str, Any]) -> tuple[str, dict[str, Any]]:
     name = table.get("name", "synthetic")
     if name not in list_datasets():
-        _check_value(source, "dataset.name", name, lambda v: False, f"one of {list_datasets()}")
+        _check_value(source, "dataset.name", name, lambda v: isinstance(v, str), "a string")
+        unknown = plugin_hint(NameNotFound("data set", name, list_datasets()))
+        raise CaseError(f"{source}: dataset.name = {name!r} is not valid; {unknown}")
     defaults = dataset_parameters(name)
     params = {k: v for k, v in table.items() if k != "name"}
     _check_keys(source, "dataset.", params, list(defaults))
     for key, value in params.items():
         default = defaults[key]
+        if default is None:  # a parameter without a typed default takes any value
+            continue
         kind = type(default)
         ok = isinstance(value, kind) and not (kind is int and isinstance(value, bool))
         if kind is float and isinstance(value, int) and not isinstance(value, bool):

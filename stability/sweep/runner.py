@@ -9,11 +9,12 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
+from stability.core.errors import StabilityError
 from stability.core.results import RunResult
 from stability.data import Dataset, load_dataset
 from stability.model.variants import get_variant
 from stability.sweep.cases import Case
-from stability.sweep.store import RunStore, run_key
+from stability.sweep.store import RUN_KEY, RunStore, run_key
 from stability.train.trainer import TrainConfig, Trainer
 
 
@@ -53,6 +54,24 @@ def case_datasets(case: Case) -> list[Dataset]:
     ]
 
 
+def build_variants(case: Case, dataset: Dataset) -> None:
+    """Build every variant of ``case`` once, as its first run would, before any training: a
+    variant that cannot be built (a bad ``create_recipe`` option, say) fails at once, named,
+    instead of after the variants before it have trained."""
+    first = {}
+    for variant, config in run_configs(case):
+        first.setdefault(variant, config)
+    for variant, config in first.items():
+        try:
+            Trainer(get_variant(variant), dataset, config).build()
+        except StabilityError as exc:
+            raise StabilityError(f"variant {variant!r} cannot be built: {exc}") from None
+        except Exception as exc:  # the user's builder code: any error is a bad variant
+            raise StabilityError(
+                f"variant {variant!r} cannot be built: {type(exc).__name__}: {exc}"
+            ) from exc
+
+
 def run_case(
     case: Case,
     out_dir: Path | None = None,
@@ -70,10 +89,12 @@ def run_case(
     always trains in workers of one thread each, so that its rows do not depend on
     ``workers`` either (``stability.sweep.workers``)."""
     datasets = case_datasets(case)
+    build_variants(case, datasets[0])  # before the store: a bad variant leaves no CSV behind
     store = None
     if out_dir is not None:
         settings = {"epochs": case.epochs, "dtype": case.dtype}
         store = RunStore(out_dir, case.name, resume, settings, overwrite)
+        _check_same_data(store, datasets)
     configs = [
         (dataset, variant, config)
         for dataset in datasets
@@ -127,6 +148,19 @@ def run_case(
     if store is not None:
         store.finish()
     return results
+
+
+def _check_same_data(store: RunStore, datasets: list[Dataset]) -> None:
+    """Refuse to resume runs on data this case no longer builds: a data set read from a file
+    carries the file's hash in its key, so an edited file is caught here."""
+    held = {key[RUN_KEY.index("dataset")] for key in store.done}
+    other = sorted(held - {dataset.key for dataset in datasets})
+    if other:
+        raise StabilityError(
+            f"{store.csv} holds runs on data set {other[0]}, which this case no longer builds "
+            f"(it builds {datasets[0].key}); the data or its file changed. --resume cannot mix "
+            "them: pass --overwrite or choose another --out"
+        )
 
 
 def _key(variant: str, config: TrainConfig, dataset: Dataset) -> tuple[str, ...]:

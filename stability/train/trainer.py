@@ -16,7 +16,7 @@ import tensorflow as tf
 from stability.core.errors import StabilityError
 from stability.core.results import EpochRecord, RunResult
 from stability.data import Dataset
-from stability.data.graphs import Graph, GraphBatch, batch_graphs
+from stability.data.graphs import Graph, GraphBatch, batch_graphs, graph_label
 from stability.data.padding import Budget, budget_for, pad_batch
 from stability.data.prefetch import prefetched
 from stability.model.variants import BuildContext, Recipe, Variant
@@ -373,7 +373,7 @@ def input_nan_result(variant: str, data: Dataset, cfg: TrainConfig) -> RunResult
         data,
         cfg,
         first_nan_where="input",
-        first_nan_layer=f"graph {index}",
+        first_nan_layer=graph_label((data.train + data.val)[index], index),
         first_nan_op=field,
     )
 
