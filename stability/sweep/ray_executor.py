@@ -1,7 +1,7 @@
 """Ray as the executor of a sweep: one Ray task per run, on one machine or a cluster.
 
-``RayCluster.connect`` starts a local Ray instance (bound to 127.0.0.1, no dashboard) or
-joins a running cluster at ``--address HOST:PORT``. Ray is imported here only, and only
+``RayCluster.connect`` starts a local Ray instance (no dashboard) or joins a running
+cluster at ``--address HOST:PORT``. Ray is imported here only, and only
 when ``--executor ray`` is chosen: the process pool (``stability.sweep.workers``) stays the
 default and needs no Ray.
 
@@ -18,9 +18,8 @@ default and needs no Ray.
 - Results come back in the order runs finish (``ray.wait``) and go to the store at once;
   the list returned is in the order of the configs, as a serial sweep's.
 
-Uses one private argument of ``ray.init``, ``_node_ip_address``, to bind a local instance
-to 127.0.0.1 (``tests/test_ray.py`` checks the node's address, so it fails if the argument
-stops working).
+Ray 2.60 cannot be bound to 127.0.0.1: it replaces a loopback ``--node-ip-address`` with the
+machine's address and its servers listen on every interface (docs/cluster.md, security).
 """
 
 from __future__ import annotations
@@ -51,9 +50,6 @@ PACKAGE = Path(__file__).resolve().parents[1]
 
 #: How to get Ray, as the error says it.
 INSTALL_HINT = 'pip install "stability[ray]"'
-
-#: The address a local Ray instance binds to: nothing outside this machine reaches it.
-LOCAL_HOST = "127.0.0.1"
 
 #: Seconds to wait for the head's port to answer before calling --address unreachable.
 CONNECT_SECONDS = 5.0
@@ -241,7 +237,9 @@ def _init(ray: ModuleType, address: str | None, runtime_env: dict[str, Any]) -> 
         "logging_level": logging.ERROR,
     }
     if address is None:
-        options |= {"num_cpus": os.cpu_count() or 1, "_node_ip_address": LOCAL_HOST}
+        # "local": a new instance, even if another Ray runs on this machine (without it,
+        # ray.init would join the cluster started last here).
+        options |= {"address": "local", "num_cpus": os.cpu_count() or 1}
     else:
         options["address"] = address
     try:
@@ -250,6 +248,11 @@ def _init(ray: ModuleType, address: str | None, runtime_env: dict[str, Any]) -> 
     except Exception as exc:  # Ray raises ConnectionError, RuntimeError, ValueError, ...
         where = f"--address {address}" if address else "a local Ray instance"
         message = " ".join(str(exc).split()) or type(exc).__name__
+        if "InvalidAuthToken" in str(exc.__cause__):
+            message = (
+                "the cluster asks for its token; set RAY_AUTH_MODE=token and the head's "
+                "token in RAY_AUTH_TOKEN or ~/.ray/auth_token (docs/cluster.md)"
+            )
         raise StabilityError(f"{where}: Ray did not start: {message}") from None
 
 
