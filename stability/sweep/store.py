@@ -28,7 +28,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from stability.core.errors import StabilityError
-from stability.core.files import TEMP_SUFFIX, atomic_write_text, folder_lock
+from stability.core.files import TEMP_SUFFIX, atomic_writer, folder_lock
 from stability.core.results import HISTORY_FIELDS, RESULT_FIELDS, RunResult
 
 #: The columns that name one run: a case also sweeps batch sizes and learning rates, so
@@ -49,6 +49,7 @@ BUSY_SECONDS = 120.0
 DB_SUFFIX = ".runs.sqlite"
 
 _NUMERIC_KEY = {"seed": int, "batch_size": int, "learning_rate": float, "epoch": int}
+_SQL_TYPES = {int: "INTEGER", float: "REAL"}
 
 
 def run_key(row: dict[str, object]) -> tuple[str, ...]:
@@ -177,15 +178,12 @@ class RunStore:
 
     def _render(self) -> None:
         """Write both CSVs from the database, atomically, sorted by ``RUN_KEY`` (history by
-        epoch within a run). Callers hold the folder lock, so a render never overwrites a
-        later one with older rows."""
+        epoch within a run), streaming rows so that memory does not grow with the store.
+        Callers hold the folder lock, so a render never overwrites a later one with older
+        rows."""
         started = time.monotonic()
-        rows = _select(self._db, "results", RESULT_FIELDS)
-        rows.sort(key=_order)
-        history = _select(self._db, "history", HISTORY_FIELDS)
-        history.sort(key=lambda h: (*_order(h), int(h["epoch"])))
-        atomic_write_text(self.csv, _render(rows, RESULT_FIELDS))
-        atomic_write_text(self.history, _render(history, HISTORY_FIELDS))
+        _render_table(self._db, "results", RESULT_FIELDS, RUN_KEY, self.csv)
+        _render_table(self._db, "history", HISTORY_FIELDS, (*RUN_KEY, "epoch"), self.history)
         self._last_render = time.monotonic()
         self._render_cost = self._last_render - started
 
@@ -253,13 +251,20 @@ def _insert(
     return db.total_changes - before
 
 
-def _select(db: sqlite3.Connection, table: str, fields: Sequence[str]) -> list[dict[str, str]]:
-    cursor = db.execute(f"SELECT {', '.join(map(_q, fields))} FROM {table}")
-    return [dict(zip(fields, values, strict=True)) for values in cursor]
-
-
-def _order(row: dict[str, str]) -> tuple:
-    return tuple(_NUMERIC_KEY.get(name, str)(row[name]) for name in RUN_KEY)
+def _render_table(
+    db: sqlite3.Connection, table: str, fields: Sequence[str], key: Sequence[str], path: Path
+) -> None:
+    """Replace ``path`` with ``table`` as CSV, rows sorted by ``key`` (numbers as numbers;
+    text by code point, as Python sorts it: SQLite compares TEXT as UTF-8 bytes)."""
+    order = ", ".join(
+        f"CAST({_q(n)} AS {_SQL_TYPES[_NUMERIC_KEY[n]]})" if n in _NUMERIC_KEY else _q(n)
+        for n in key
+    )
+    cursor = db.execute(f"SELECT {', '.join(map(_q, fields))} FROM {table} ORDER BY {order}")
+    with atomic_writer(path) as handle:
+        writer = csv.writer(handle, lineterminator="\n")
+        writer.writerow(fields)
+        writer.writerows(cursor)
 
 
 def _cell(value: object) -> str:
@@ -267,14 +272,6 @@ def _cell(value: object) -> str:
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return ""
     return str(value)
-
-
-def _render(rows: Iterable[dict[str, object]], fields: Sequence[str]) -> str:
-    buffer = io.StringIO()
-    writer = csv.DictWriter(buffer, fields, lineterminator="\n")
-    writer.writeheader()
-    writer.writerows({name: _cell(row[name]) for name in fields} for row in rows)
-    return buffer.getvalue()
 
 
 def _read_rows(path: Path, fields: Sequence[str]) -> list[dict[str, str]]:
