@@ -68,18 +68,21 @@ def test_ray_against_workers(tmp_path):
     ways = {"--workers 2": ("--workers", "2"), "--executor ray (local)": ("--executor", "ray")}
     seconds = {way: [] for way in ways}
     peaks = {way: [] for way in ways}
-    rounds = 1  # each round is two whole sweeps of the seed case
+    rounds = 2  # each round is two whole sweeps of the seed case
     for round_ in range(rounds):
         for index, (way, flags) in enumerate(ways.items()):
             wall, peak = run_driver(case, tmp_path / f"{index}-{round_}", flags)
             seconds[way].append(wall)
             peaks[way].append(peak)
-    pd.testing.assert_frame_equal(
-        untimed(tmp_path / "0-0" / "sweep.csv"), untimed(tmp_path / "1-0" / "sweep.csv")
-    )
+    for round_ in range(rounds):
+        pd.testing.assert_frame_equal(
+            untimed(tmp_path / "0-0" / "sweep.csv"), untimed(tmp_path / f"1-{round_}" / "sweep.csv")
+        )
     rows = len(pd.read_csv(tmp_path / "0-0" / "sweep.csv"))
     for index, way in enumerate(ways):
-        runs = pd.read_csv(tmp_path / f"{index}-0" / "sweep.csv")
+        runs = pd.concat(
+            pd.read_csv(tmp_path / f"{index}-{r}" / "sweep.csv") for r in range(rounds)
+        )
         record_samples(
             RAY,
             way,
@@ -96,7 +99,7 @@ def test_ray_against_workers(tmp_path):
         f"`--executor ray` (a local Ray on this machine's {os.cpu_count()} cores, one CPU "
         f"per run), where SWEEP.toml is cases/seed.toml with `epochs = {SWEEP_EPOCHS}`: "
         f"{rows} runs, in a subprocess timed from start to exit (TensorFlow's import, the "
-        f"data set, the workers' or Ray's start-up included), {rounds} round of each way, "
+        f"data set, the workers' or Ray's start-up included), {rounds} rounds of each way, "
         "taking turns. The rows of both ways are equal, timing columns aside (checked). "
         "*median s per run* is the runs' own `wall_seconds`; *driver peak RSS* is the "
         "driver process alone (`RUSAGE_SELF`), without its workers or Ray's processes. "
