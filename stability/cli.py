@@ -22,6 +22,7 @@ from stability.report.compare import add_compare_parser, compare_command
 
 if TYPE_CHECKING:
     from stability.sweep.cases import Case
+    from stability.sweep.ray_executor import RayCluster
 
 EXIT_BAD_INPUT = 2
 
@@ -131,6 +132,28 @@ def _add_run_flags(parser: argparse.ArgumentParser) -> None:
         metavar="N",
         help="train N runs at once in N processes (default: 1); rows as in a serial run",
     )
+    parser.add_argument(
+        "--executor",
+        choices=("process", "ray"),
+        default="process",
+        help="what trains the runs: 'process', this machine's processes (--workers), or "
+        "'ray', one Ray task per run on a local Ray or the cluster at --address "
+        '(pip install "stability[ray]"; docs/cluster.md); rows as in a serial run',
+    )
+    parser.add_argument(
+        "--address",
+        metavar="HOST:PORT",
+        help="with --executor ray: join the Ray cluster whose head is at HOST:PORT "
+        "(default: start a local Ray on this machine, bound to 127.0.0.1)",
+    )
+    parser.add_argument(
+        "--cpus-per-run",
+        type=_positive_int,
+        default=1,
+        metavar="N",
+        help="with --executor ray: CPUs each run asks Ray for, and its TensorFlow intra-op "
+        "threads (default: 1)",
+    )
 
 
 def _positive_int(text: str) -> int:
@@ -215,26 +238,46 @@ def _run_cases(cases: Sequence[Case], args: argparse.Namespace) -> None:
     from stability.report.writer import read_history, read_results, write_reports
     from stability.sweep.runner import run_case
 
-    _check_writable(args.out)
     if args.jit_compile:
         from dataclasses import replace
 
         cases = [replace(case, jit_compile=True) for case in cases]
-    for case in cases:
-        run_case(
-            case,
-            args.out,
-            progress=not args.no_progress,
-            resume=args.resume,
-            overwrite=args.overwrite,
-            workers=args.workers,
-        )
-        # The markdown follows the whole CSV: resumed runs and other processes' runs too.
-        with folder_lock(args.out):
-            frame = read_results(args.out / f"{case.name}.csv")
-            history = read_history(args.out / f"{case.name}.history.csv")
-            path = write_reports(frame, args.out, case.name, _description(case), history)
-        print(f"wrote {args.out / (case.name + '.csv')} and {path}")
+    cluster = _cluster(cases, args)  # before anything is written: it may refuse
+    try:
+        _check_writable(args.out)
+        for case in cases:
+            run_case(
+                case,
+                args.out,
+                progress=not args.no_progress,
+                resume=args.resume,
+                overwrite=args.overwrite,
+                workers=args.workers,
+                cluster=cluster,
+            )
+            # The markdown follows the whole CSV: resumed runs and other processes' runs too.
+            with folder_lock(args.out):
+                frame = read_results(args.out / f"{case.name}.csv")
+                history = read_history(args.out / f"{case.name}.history.csv")
+                path = write_reports(frame, args.out, case.name, _description(case), history)
+            print(f"wrote {args.out / (case.name + '.csv')} and {path}")
+    finally:
+        if cluster is not None:
+            cluster.shutdown()
+
+
+def _cluster(cases: Sequence[Case], args: argparse.Namespace) -> RayCluster | None:
+    """The Ray cluster of ``--executor ray``, connected and checked; None for processes."""
+    if args.executor != "ray":
+        for flag, given in (("--address", args.address), ("--cpus-per-run", args.cpus_per_run > 1)):
+            if given:
+                raise StabilityError(f"{flag} needs --executor ray")
+        return None
+    from stability.sweep.ray_executor import RayCluster
+    from stability.sweep.workers import variant_modules
+
+    modules = variant_modules([name for case in cases for name in case.variants])
+    return RayCluster.connect(args.address, args.cpus_per_run, [*modules, *args.plugin])
 
 
 def xla_note(dtype: str) -> str:

@@ -1,8 +1,10 @@
-"""Real processes: a sweep killed with SIGKILL and resumed, and two sweeps writing into one
-folder at once, end with the rows of one uninterrupted sweep (timing columns aside)."""
+"""Real processes: a sweep killed with SIGKILL (serial, and under --workers 2) and resumed,
+and two sweeps writing into one folder at once, end with the rows of one uninterrupted
+sweep (timing columns aside)."""
 
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -16,12 +18,21 @@ from stability.core.files import LOCK_NAME
 from stability.core.results import RESULT_FIELDS, TIMING_FIELDS
 from stability.sweep.cases import parse_case
 from stability.sweep.runner import run_case
+from stability.sweep.store import store_path
 
 ROOT = Path(__file__).parent.parent
 TWO_SEEDS = TINY_CASE.replace("seeds = [0]", "seeds = [0, 1]")  # 4 runs
 # The run writes the plots too (issue 5): `<case>.logits.png` and `<case>.mae.png`.
 EXPECTED_FILES = sorted(
-    [LOCK_NAME, "tiny.csv", "tiny.history.csv", "tiny.md", "tiny.logits.png", "tiny.mae.png"]
+    [
+        LOCK_NAME,
+        "tiny.csv",
+        "tiny.history.csv",
+        "tiny.md",
+        "tiny.logits.png",
+        "tiny.mae.png",
+        "tiny.runs.sqlite",  # the store the CSVs are rendered from (issue 17)
+    ]
 )
 
 
@@ -31,6 +42,7 @@ def start(case_file, out, *flags):
         [sys.executable, "-m", "stability", "run", str(case_file), "--out", str(out), *flags],
         cwd=case_file.parent,
         env=env,
+        start_new_session=True,  # its own process group: a kill reaches its workers too
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -56,27 +68,42 @@ def reference(tmp_path_factory):
     return untimed(out / "tiny.csv"), pd.read_csv(out / "tiny.history.csv")
 
 
-def data_rows(path):
+def durable_rows(out):
+    """The runs committed to the store so far (read-only: never creates the database)."""
+    path = store_path(out, "tiny")
     if not path.exists():
         return 0
-    return max(0, len(path.read_text().splitlines()) - 1)
+    try:
+        db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5)
+        try:
+            return db.execute("SELECT COUNT(*) FROM results").fetchone()[0]
+        finally:
+            db.close()
+    except sqlite3.OperationalError:  # the table is being created
+        return 0
 
 
-def test_sweep_killed_partway_then_resumed_matches_an_uninterrupted_one(tmp_path, reference):
+def kill_after_first_row(victim, out, total):
+    """SIGKILL ``victim`` and its process group once a run is durable; the runs left."""
+    deadline = time.monotonic() + 240
+    while durable_rows(out) < 1 and victim.poll() is None:
+        assert time.monotonic() < deadline, "no row landed"
+        time.sleep(0.02)
+    os.killpg(victim.pid, signal.SIGKILL)
+    victim.communicate()
+    left = durable_rows(out)
+    assert 1 <= left < total, f"the kill must land partway, {left} of {total} runs were stored"
+    return left
+
+
+@pytest.mark.parametrize("flags", [(), ("--workers", "2")], ids=["serial", "workers-2"])
+def test_sweep_killed_partway_then_resumed_matches_an_uninterrupted_one(tmp_path, reference, flags):
     case_file = tmp_path / "tiny.toml"
     case_file.write_text(TWO_SEEDS)
     out = tmp_path / "out"
-    victim = start(case_file, out, "--no-progress")
-    deadline = time.monotonic() + 240
-    while data_rows(out / "tiny.csv") < 1 and victim.poll() is None:
-        assert time.monotonic() < deadline, "no row landed"
-        time.sleep(0.02)
-    victim.send_signal(signal.SIGKILL)
-    victim.communicate()
-    left = data_rows(out / "tiny.csv")
-    assert 1 <= left < 4, f"the kill must land partway, {left} of 4 rows were written"
+    kill_after_first_row(start(case_file, out, "--no-progress", *flags), out, 4)
 
-    finish(start(case_file, out, "--no-progress", "--resume"))
+    finish(start(case_file, out, "--no-progress", "--resume", *flags))
     rows, history = reference
     pd.testing.assert_frame_equal(untimed(out / "tiny.csv"), rows)
     pd.testing.assert_frame_equal(pd.read_csv(out / "tiny.history.csv"), history)

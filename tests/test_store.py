@@ -1,13 +1,15 @@
 """Durable result files without training: atomic writes, appends, refusing to overwrite."""
 
 import csv
+import math
 
 import pytest
 
 from stability.core.errors import StabilityError
 from stability.core.files import TEMP_SUFFIX, atomic_write_text, atomic_writer
 from stability.core.results import RESULT_FIELDS, RunResult
-from stability.sweep.store import RunStore
+from stability.sweep import store as store_module
+from stability.sweep.store import RunStore, store_path
 
 
 def result(seed, **changes):
@@ -39,17 +41,31 @@ def test_a_failed_atomic_write_leaves_the_old_file_and_no_temp(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["report.md"]
 
 
-def test_rows_are_appended_and_finish_sorts_them(tmp_path):
+def test_rows_are_durable_at_once_and_finish_renders_them_sorted(tmp_path):
     store = RunStore(tmp_path, "tiny")
     for seed in (2, 0, 1):
         store.add(result(seed, best_mae=float(seed)))
-    assert [r["seed"] for r in rows(tmp_path / "tiny.csv")] == ["2", "0", "1"]
+    # Another writer sees every added run in the database before any render.
+    other = RunStore(tmp_path, "tiny", resume=True)
+    assert {key[2] for key in other.done} == {"0", "1", "2"}
+    other.close()
     store.add(result(0, best_mae=9.0))  # a run another process finished meanwhile
     store.finish()
     written = rows(tmp_path / "tiny.csv")
     assert [r["seed"] for r in written] == ["0", "1", "2"]
     assert [r["best_mae"] for r in written] == ["0.0", "1.0", "2.0"]
     assert tuple(written[0]) == RESULT_FIELDS
+
+
+def test_a_render_falls_due_while_runs_are_added(tmp_path, monkeypatch):
+    store = RunStore(tmp_path, "tiny")
+    store.add(result(1))
+    assert rows(tmp_path / "tiny.csv") == [], "rendered only every RENDER_SECONDS"
+    monkeypatch.setattr(store_module, "RENDER_SECONDS", 0.0)
+    monkeypatch.setattr(store_module, "RENDER_SHARE", 0.0)
+    store.add(result(0))
+    assert [r["seed"] for r in rows(tmp_path / "tiny.csv")] == ["0", "1"]
+    store.close()
 
 
 def test_without_resume_a_csv_with_runs_is_kept_and_refused(tmp_path):
@@ -66,15 +82,51 @@ def test_without_resume_a_csv_with_runs_is_kept_and_refused(tmp_path):
     }
 
 
-def test_a_row_cut_short_by_a_crash_is_dropped(tmp_path):
+def test_a_csv_without_a_store_is_taken_in_on_resume_and_its_cut_line_dropped(tmp_path):
+    """A CSV written before the database existed (or whose database was deleted), its last
+    line cut short by a crash of the old appender."""
     store = RunStore(tmp_path, "tiny")
     store.add(result(0))
+    store.finish()
+    whole = (tmp_path / "tiny.csv").read_bytes()
+    history = (tmp_path / "tiny.history.csv").read_bytes()
+    store_path(tmp_path, "tiny").unlink()
     with (tmp_path / "tiny.csv").open("a") as handle:
         handle.write("tiny,raw_e,1,d,16")  # no newline: the writer died here
+    with pytest.raises(StabilityError, match="already holds 1 run"):
+        RunStore(tmp_path, "tiny")
+    assert not store_path(tmp_path, "tiny").exists(), "a refused sweep writes nothing"
     resumed = RunStore(tmp_path, "tiny", resume=True)
     assert len(resumed.done) == 1
+    resumed.finish()
+    assert (tmp_path / "tiny.csv").read_bytes() == whole
+    assert (tmp_path / "tiny.history.csv").read_bytes() == history
+    resumed = RunStore(tmp_path, "tiny", resume=True)
     resumed.add(result(1))
+    resumed.finish()
     assert [r["seed"] for r in rows(tmp_path / "tiny.csv")] == ["0", "1"]
+
+
+def test_the_csvs_have_the_bytes_of_the_rows_as_rendered_before(tmp_path):
+    """The bytes of the CSVs a sweep wrote before the database: csv's default dialect,
+    "\\n" line ends, empty cells for None and NaN."""
+    store = RunStore(tmp_path, "tiny")
+    store.add(result(0, first_nan_epoch=2, best_mae=math.nan, final_mae=0.5))
+    store.finish()
+    head = ",".join(RESULT_FIELDS)
+    assert (tmp_path / "tiny.csv").read_text() == (
+        f"{head}\ntiny,raw_e,0,d,16,0.01,2,float32,2,,,,,,0.5,,,,0.0,0.0,\n"
+    )
+
+
+def test_two_stores_write_into_one_case_at_once(tmp_path):
+    first, second = RunStore(tmp_path, "tiny"), RunStore(tmp_path, "tiny", resume=True)
+    for seed in range(6):
+        (first if seed % 2 else second).add(result(seed))
+    first.add(result(3))
+    second.finish()
+    first.finish()
+    assert [r["seed"] for r in rows(tmp_path / "tiny.csv")] == [str(s) for s in range(6)]
 
 
 def test_stale_temp_files_are_removed_on_the_next_sweep(tmp_path):

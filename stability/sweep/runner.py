@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tqdm.auto import tqdm
 
@@ -16,6 +17,9 @@ from stability.model.variants import get_variant
 from stability.sweep.cases import Case
 from stability.sweep.store import RUN_KEY, RunStore, run_key
 from stability.train.trainer import TrainConfig, Trainer
+
+if TYPE_CHECKING:
+    from stability.sweep.ray_executor import RayCluster
 
 
 def run_configs(case: Case) -> Iterator[tuple[str, TrainConfig]]:
@@ -79,14 +83,17 @@ def run_case(
     resume: bool = False,
     overwrite: bool = False,
     workers: int = 1,
+    cluster: RayCluster | None = None,
 ) -> list[RunResult]:
-    """Train every run of ``case``; with ``out_dir``, append each run's rows to
-    ``<case>.csv`` and ``<case>.history.csv`` durably as it finishes, so an interrupted
-    sweep keeps what it finished. With ``resume``, runs already in the CSV are skipped
-    (and not returned); with ``overwrite``, an existing CSV's rows are discarded.
-    ``workers > 1`` trains that many runs at once in worker processes; the rows and their
-    order stay those of a serial sweep (timing columns aside). A ``jit_compile`` case
-    always trains in workers of one thread each, so that its rows do not depend on
+    """Train every run of ``case``; with ``out_dir``, commit each run's rows to the case's
+    store (``stability.sweep.store``) as soon as it finishes, whatever order runs finish
+    in, so an interrupted sweep keeps every run it finished, and render ``<case>.csv`` and
+    ``<case>.history.csv`` from it. With ``resume``, runs already in the store are skipped
+    (and not returned); with ``overwrite``, its rows are discarded.
+    ``workers > 1`` trains that many runs at once in worker processes, ``cluster`` (a
+    connected ``stability.sweep.ray_executor.RayCluster``) as Ray tasks; the rows and
+    their order stay those of a serial sweep (timing columns aside). A ``jit_compile``
+    case always trains in workers of one thread each, so that its rows do not depend on
     ``workers`` either (``stability.sweep.workers``)."""
     datasets = case_datasets(case)
     build_variants(case, datasets[0])  # before the store: a bad variant leaves no CSV behind
@@ -94,27 +101,33 @@ def run_case(
     if out_dir is not None:
         settings = {"epochs": case.epochs, "dtype": case.dtype}
         store = RunStore(out_dir, case.name, resume, settings, overwrite)
-        _check_same_data(store, datasets)
-    configs = [
-        (dataset, variant, config)
-        for dataset in datasets
-        for variant, config in run_configs(case)
-        if store is None or _key(variant, config, dataset) not in store.done
-    ]
-    if workers > 1 or case.jit_compile:
-        from stability.sweep.workers import XLA_THREADS, run_in_workers
-
-        on_result = store.add if store is not None else None
-        # XLA's results depend on its thread count: pin it, whatever --workers is.
-        threads = XLA_THREADS if case.jit_compile else None
-        results = run_in_workers(
-            configs, workers, progress, on_result, desc=case.name, intra_threads=threads
-        )
+    try:
         if store is not None:
+            _check_same_data(store, datasets)
+        configs = [
+            (dataset, variant, config)
+            for dataset in datasets
+            for variant, config in run_configs(case)
+            if store is None or _key(variant, config, dataset) not in store.done
+        ]
+        on_result = store.add if store is not None else None
+        if cluster is not None or workers > 1 or case.jit_compile:
+            from stability.sweep.workers import XLA_THREADS, run_in_workers
+
+            # XLA's results depend on its thread count: pin it, whatever --workers is.
+            threads = XLA_THREADS if case.jit_compile else None
+            if cluster is not None:
+                return cluster.run(configs, progress, on_result, case.name, threads)
+            return run_in_workers(configs, workers, progress, on_result, case.name, threads)
+        return _run_serially(configs, datasets, progress, on_result, case.name)
+    finally:
+        if store is not None:  # also when interrupted: the CSVs show every finished run
             store.finish()
-        return results
+
+
+def _run_serially(configs, datasets, progress, on_result, desc) -> list[RunResult]:
     results: list[RunResult] = []
-    runs = tqdm(configs, desc=case.name, unit="run", disable=not progress, dynamic_ncols=True)
+    runs = tqdm(configs, desc=desc, unit="run", disable=not progress, dynamic_ncols=True)
     for dataset, variant_name, config in runs:
         label = (
             f"{variant_name} seed={config.seed} bs={config.batch_size} lr={config.learning_rate:g}"
@@ -143,10 +156,8 @@ def run_case(
             index = datasets.index(dataset) if len(datasets) > 1 else None
             runs.write(result.summary_line(index))
         results.append(result)
-        if store is not None:
-            store.add(result)
-    if store is not None:
-        store.finish()
+        if on_result is not None:
+            on_result(result)
     return results
 
 

@@ -7,8 +7,10 @@ before TensorFlow runs its first op. Each worker gets ``cores // workers`` intra
 and one inter-op thread, so that N workers do not oversubscribe the cores (a model this
 small gains little from intra-op threads, and oversubscription costs a lot).
 
-Results come back in the order of the configs given, whatever order the runs finish in, so
-a parallel sweep writes the same rows in the same order as a serial one.
+Each result goes to the store the moment its run finishes (``as_completed``), so a kill
+loses no finished run, whichever run finished first; the list returned is in the order of
+the configs given, so a parallel sweep returns (and its store renders) the rows of a serial
+one in the same order.
 
 Runs under ``jit_compile`` always train here, on ``XLA_THREADS`` intra-op thread each, even
 with one worker: XLA splits its loops by the number of threads, so its results depend on
@@ -22,8 +24,8 @@ import importlib
 import multiprocessing
 import os
 import sys
-from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import Future, ProcessPoolExecutor
+from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from typing import TYPE_CHECKING
 
 from tqdm.auto import tqdm
@@ -87,11 +89,38 @@ def _start_worker(intra: int, inter: int, modules: list[str], path: list[str]) -
         importlib.import_module(module)
 
 
-def _train(dataset: Dataset, variant: str, config: TrainConfig) -> RunResult:
+def train_run(dataset: Dataset, variant: str, config: TrainConfig) -> RunResult:
+    """Train one run (in a worker process or a Ray task)."""
     from stability.model.variants import get_variant
     from stability.train.trainer import Trainer
 
     return Trainer(get_variant(variant), dataset, config).run()
+
+
+class Progress:
+    """The progress bar of a parallel sweep: finished/total runs, and how many of them
+    failed so far (hit a non-finite value: the failures a stability test is after)."""
+
+    def __init__(self, total: int, desc: str, enabled: bool):
+        self.enabled = enabled
+        self.failed = 0
+        self.bar = tqdm(total=total, desc=desc, unit="run", disable=not enabled)
+        self.bar.set_postfix(failed=0)
+
+    def update(self, result: RunResult) -> None:
+        self.failed += result.hit_nan
+        if self.enabled:
+            self.bar.write(result.summary_line())
+        self.bar.set_postfix(failed=self.failed, refresh=False)
+        self.bar.update(1)
+
+    def close(self) -> None:
+        self.bar.close()
+
+
+def in_serial_order(finished: dict[int, RunResult], total: int) -> list[RunResult]:
+    """The results of runs ``0 .. total - 1``, given by index in any order."""
+    return [finished[index] for index in range(total)]
 
 
 def run_in_workers(
@@ -104,16 +133,16 @@ def run_in_workers(
 ) -> list[RunResult]:
     """Train every run of ``configs`` in ``workers`` processes.
 
-    Returns the results in the order of ``configs``; ``on_result`` sees each one in that
-    order as soon as it and every run before it have finished. ``intra_threads`` overrides
-    each worker's share of the cores (``thread_counts``).
+    ``on_result`` sees each result as soon as its run finishes, in the order they finish;
+    the list returned is in the order of ``configs``. ``intra_threads`` overrides each
+    worker's share of the cores (``thread_counts``).
     """
     intra, inter = thread_counts(workers)
     intra = intra_threads or intra
     modules = variant_modules([variant for _, variant, _ in configs])
     context = multiprocessing.get_context("spawn")
-    results: list[RunResult] = []
-    bar = tqdm(total=len(configs), desc=desc, unit="run", disable=not progress)
+    finished: dict[int, RunResult] = {}
+    bar = Progress(len(configs), desc, progress)
     with ProcessPoolExecutor(
         max_workers=workers,
         mp_context=context,
@@ -121,25 +150,18 @@ def run_in_workers(
         initargs=(intra, inter, modules, list(sys.path)),
     ) as pool:
         # Each task carries its data set: a few MB pickled, against seconds of training.
-        futures = [pool.submit(_train, *run) for run in configs]
-        for future in futures:
-            future.add_done_callback(lambda _, bar=bar: bar.update(1))
+        futures = {pool.submit(train_run, *run): index for index, run in enumerate(configs)}
         try:
-            for result in _in_order(futures):
-                if progress:
-                    bar.write(result.summary_line())
-                results.append(result)
+            for future in as_completed(futures):
+                result = future.result()
+                finished[futures[future]] = result
                 if on_result is not None:
                     on_result(result)
+                bar.update(result)
         except BaseException:
             for future in futures:
                 future.cancel()
             raise
         finally:
             bar.close()
-    return results
-
-
-def _in_order(futures: list[Future]) -> Iterator[RunResult]:
-    for future in futures:
-        yield future.result()
+    return in_serial_order(finished, len(configs))
