@@ -9,7 +9,13 @@ import tensorflow as tf
 from stability import BuildContext
 from stability.model.losses import robust_loss
 from stability.model.variants import Variant, create_recipe
-from stability.train.checks import first_failure, nonfinite_weights, stage_of, step_flags
+from stability.train.checks import (
+    all_finite,
+    first_failure,
+    nonfinite_weights,
+    stage_of,
+    step_flags,
+)
 from stability.train.trainer import TrainConfig, Trainer
 
 # The planted magnitudes (logits of 240, log sigma of -100) are float32's limits; each
@@ -114,11 +120,11 @@ def test_first_failure_follows_the_step_order(
     forward, normalized, loss, raw, transformed, weight, expected
 ):
     before = step_flags(
-        [tf.constant([forward])],
+        all_finite([tf.constant([forward])]),
         tf.constant(normalized),
         tf.constant(loss),
-        [tf.constant([raw])],
-        [tf.constant([transformed])],
+        all_finite([tf.constant([raw])]),
+        all_finite([tf.constant([transformed])]),
     ).numpy()
     flags = np.append(before, np.isfinite(weight))
     assert first_failure(flags) == expected

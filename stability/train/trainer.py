@@ -26,6 +26,7 @@ from stability.train.checks import (
     CHECKS,
     all_finite,
     attention_ok,
+    finite_given,
     first_failure,
     nonfinite_weight_site,
     normalization_site,
@@ -130,22 +131,43 @@ def watched_tensors(out: dict[str, Any]) -> list[tf.Tensor]:
 
 def normalized(out: dict[str, Any], inputs: dict[str, tf.Tensor]) -> tf.Tensor:
     """Scalar bool: the attention of a model that returns its receivers sums to 1 per node."""
-    if not out["receivers"]:
+    receivers = out["receivers"]
+    if not receivers:
         return tf.constant(True)
-    return attention_ok(out["alpha"], out["receivers"], tf.shape(inputs["nodes"])[0])
+    return attention_ok(out["alpha"][: len(receivers)], receivers, tf.shape(inputs["nodes"])[0])
 
 
-def exp_extremes(out: dict[str, Any], inputs: dict[str, tf.Tensor]) -> tf.Tensor:
-    """``[2]`` float32: the largest ``exp`` argument and the smallest per-node max logit.
+def forward_finite(
+    out: dict[str, Any], attention: tf.Tensor, max_abs_logit: tf.Tensor
+) -> tf.Tensor:
+    """Scalar bool: predictions, attention weights and logits are all finite.
 
-    Signed: the first is the overflow side (``exp`` is inf above log(max)), the second the
-    underflow side (a node whose every logit is below log(tiny) has ``exp`` 0 on all its
-    edges). A shifted softmax's ``exp`` sees ``logit - max <= 0``, whose largest value at
-    every node is exactly 0, so such a layer counts as 0 on both sides. Padding edges of a
-    padded batch are left out. NaN where the model returns no logits (or no receivers, for
-    the second).
+    Cheap on a healthy step: the logits are read off their max |logit| (``finite_given``),
+    and attention weights that sum to 1 at every node are finite (a NaN or inf weight
+    makes its node's sum NaN or inf), so they are checked one by one only when the
+    normalization check failed, or when the model returns no receivers for them.
+    """
+    alphas, checked = out["alpha"], len(out["receivers"])
+    ok = all_finite([out["predictions"], *alphas[checked:]])
+    ok &= finite_given(max_abs_logit, out["logits"])
+    if checked:
+        ok &= tf.cond(attention, lambda: tf.constant(True), lambda: all_finite(alphas[:checked]))
+    return ok
+
+
+def logit_stats(out: dict[str, Any], inputs: dict[str, tf.Tensor]) -> tf.Tensor:
+    """``[3]`` float32: max |attention logit|, the largest ``exp`` argument and the smallest
+    per-node max logit.
+
+    The last two are signed: the first is the overflow side (``exp`` is inf above
+    log(max)), the second the underflow side (a node whose every logit is below log(tiny)
+    has ``exp`` 0 on all its edges). A shifted softmax's ``exp`` sees ``logit - max <= 0``,
+    whose largest value at every node is exactly 0, so such a layer counts as 0 on both
+    sides. Padding edges of a padded batch are left out. NaN where the model returns no
+    logits (or no receivers, for the third).
     """
     logits, receivers, shifted = out["logits"], out["receivers"], out["softmax_shifted"]
+    mask = inputs.get("edge_mask")
     highs, lows = [], []
     for k, logit in enumerate(logits):
         if shifted[k]:
@@ -154,8 +176,8 @@ def exp_extremes(out: dict[str, Any], inputs: dict[str, tf.Tensor]) -> tf.Tensor
             continue
         logit = tf.cast(tf.reshape(logit, [tf.shape(logit)[0], -1]), tf.float32)
         lowest = tf.float32.min
-        if "edge_mask" in inputs:
-            logit = tf.where(inputs["edge_mask"][:, None], logit, lowest)
+        if mask is not None:
+            logit = tf.where(mask[:, None], logit, lowest)
         highs.append(tf.reduce_max(logit))
         if k < len(receivers):
             # A node without (real) incoming edges gets float32's lowest: left out below.
@@ -165,7 +187,7 @@ def exp_extremes(out: dict[str, Any], inputs: dict[str, tf.Tensor]) -> tf.Tensor
             lows.append(tf.reduce_min(tf.where(node_max > lowest, node_max, math.inf)))
     high = tf.reduce_max(tf.stack(highs)) if highs else tf.constant(math.nan)
     low = tf.reduce_min(tf.stack(lows)) if lows else tf.constant(math.nan)
-    return tf.stack([high, tf.where(tf.math.is_inf(low), math.nan, low)])
+    return tf.stack([_max_abs(logits), high, tf.where(tf.math.is_inf(low), math.nan, low)])
 
 
 def input_signature(
@@ -195,7 +217,7 @@ def make_train_step(
 
     Returns ``flags`` (``[6]`` bool, one per ``checks.CHECKS``) and ``stats`` (``[6]``:
     loss, max |attention logit|, global gradient norm, max |weight|, largest ``exp``
-    argument, smallest per-node max logit; see ``exp_extremes``). The raw gradients are
+    argument, smallest per-node max logit; see ``logit_stats``). The raw gradients are
     checked before the gradient transform, so a transform that masks a non-finite gradient
     cannot hide it. With ``guard``, a step that fails any check before the update leaves
     the weights as they were, so the last good state survives for inspection.
@@ -212,30 +234,41 @@ def make_train_step(
             # the reported loss stays the seed's robust loss.
             total = loss + tf.add_n(model.losses) if model.losses else loss
         raw = tape.gradient(total, weights)
-        gradients = transformed(transform, raw) if transform is not None else raw
+        # Norms the statistics report anyway double as the finiteness checks (see
+        # checks.finite_given): a healthy step pays no separate pass over the gradients.
+        raw_norm = tf.linalg.global_norm(raw)
+        if transform is not None:
+            gradients = transformed(transform, raw)
+            norm = tf.linalg.global_norm(gradients)
+            transform_ok = finite_given(norm, gradients)
+        else:
+            gradients, norm, transform_ok = raw, raw_norm, None
+        attention = normalized(out, inputs)
+        logit_row = logit_stats(out, inputs)
         before = step_flags(
-            watched_tensors(out),
-            normalized(out, inputs),
+            forward_finite(out, attention, logit_row[0]),
+            attention,
             loss,
-            raw,
-            gradients if transform is not None else None,
+            finite_given(raw_norm, raw),
+            transform_ok,
         )
         if guard:
             tf.cond(tf.reduce_all(before), lambda: _apply(optimizer, gradients, weights), tf.no_op)
         else:
             apply_update(optimizer, gradients, weights)
-        flags = tf.concat([before, [all_finite(weights)]], axis=0)
+        max_abs_weight = _max_abs(weights)
+        flags = tf.concat([before, [finite_given(max_abs_weight, weights)]], axis=0)
         stats = tf.concat(
             [
                 tf.stack(
                     [
                         tf.cast(loss, tf.float32),
-                        _max_abs(out["logits"]),
-                        tf.cast(tf.linalg.global_norm(gradients), tf.float32),
-                        _max_abs(weights),
+                        logit_row[0],
+                        tf.cast(norm, tf.float32),
+                        max_abs_weight,
                     ]
                 ),
-                exp_extremes(out, inputs),
+                logit_row[1:],
             ],
             axis=0,
         )
