@@ -215,6 +215,18 @@ def planted_weights(ctx: BuildContext) -> Recipe:
     return recipe
 
 
+def one_nan(kernel):
+    """A kernel constraint that writes NaN into one element: the rest stays finite, which
+    a max over the weights under XLA (it drops NaN) would miss."""
+    return tf.tensor_scatter_nd_update(kernel, [[0, 0]], tf.constant([np.nan], kernel.dtype))
+
+
+@register_variant
+def planted_one_weight(ctx: BuildContext) -> Recipe:
+    """Finite gradients; the update's constraint writes NaN into one weight of Net."""
+    return create_recipe(ctx, net_kernel_constraint=one_nan)
+
+
 class LogWhenPredicting(keras.layers.Layer):
     """Adds log(0) = -inf when called with training=False: fine in training, not in validation."""
 
@@ -279,11 +291,18 @@ def test_a_transform_that_makes_gradients_infinite_is_named(tiny_dataset):
     assert result.first_nan_op.endswith("in gradient transform infinite_scale")
 
 
-def test_an_update_that_writes_nan_is_named_weights(tiny_dataset):
-    result = train("planted_weights", tiny_dataset)
+@pytest.mark.parametrize("jit_compile", [False, True])
+def test_an_update_that_writes_nan_is_named_weights(tiny_dataset, jit_compile):
+    result = train("planted_weights", tiny_dataset, jit_compile=jit_compile)
     assert where(result)[:3] == (1, 1, "weights")
     assert result.first_nan_layer is not None
     assert result.first_nan_op == "Adam update"
+
+
+@pytest.mark.parametrize("jit_compile", [False, True])
+def test_one_nan_weight_among_finite_ones_is_named(tiny_dataset, jit_compile):
+    result = train("planted_one_weight", tiny_dataset, jit_compile=jit_compile)
+    assert where(result) == (1, 1, "weights", "message_passing_0/net")
 
 
 def test_a_nonfinite_validation_prediction_is_a_validation_failure(tiny_dataset):
@@ -306,3 +325,51 @@ def test_stable_variants_on_extreme_generated_data_raise_no_flag(variant):
     result = train(variant, data, epochs=3, learning_rate=3e-2)
     assert not result.hit_nan, (result.failure_kind, result.first_nan_where, result.first_nan_op)
     assert result.failure_kind is None
+
+
+# --- headroom: finite runs near exp's limits get a warning ------------------------------
+
+
+def logits_at(level: float, softmax: str = "naive"):
+    """The seed's model with every attention logit starting at ``level`` (Net's bias)."""
+
+    def build(ctx: BuildContext) -> Recipe:
+        recipe = create_recipe(ctx, softmax=softmax)
+        net = recipe.model.passes[0].net
+        net.kernel.assign(np.zeros(net.kernel.shape, np.float32))
+        net.bias.assign([level])
+        return recipe
+
+    return build
+
+
+for _level in (82.0, -82.0, 46.0, 20.0):
+    register_variant(logits_at(_level), name=f"planted_logits_{_level:+.0f}")
+register_variant(logits_at(82.0, "stable"), name="planted_logits_stable_+82")
+
+
+@pytest.mark.parametrize(
+    ("variant", "jit_compile", "expected"),
+    [
+        ("planted_logits_+82", False, "within 10% of the float32 overflow line 88.72"),
+        ("planted_logits_-82", False, "within 10% of the float32 underflow line -87.34"),
+        ("planted_logits_+46", True, "half the float32 overflow line: XLA's softmax gradient"),
+        ("planted_logits_+46", False, None),
+        ("planted_logits_+20", False, None),
+        ("planted_logits_stable_+82", False, None),
+    ],
+)
+def test_a_finite_run_near_a_limit_gets_a_warning(tiny_dataset, variant, jit_compile, expected):
+    result = train(variant, tiny_dataset, epochs=1, learning_rate=1e-4, jit_compile=jit_compile)
+    assert not result.hit_nan, (result.first_nan_where, result.first_nan_op)
+    if expected is None:
+        assert result.warning is None, result.warning
+    else:
+        assert expected in (result.warning or ""), result.warning
+    level = float(variant.rsplit("_", 1)[1])
+    if "stable" in variant:
+        assert (result.max_exp_arg, result.min_node_max_logit) == (0.0, 0.0)
+    elif level > 0:
+        assert result.max_exp_arg == pytest.approx(level, abs=0.1)
+    else:
+        assert result.min_node_max_logit == pytest.approx(level, abs=0.1)

@@ -109,16 +109,21 @@ def attention_ok(
     return checks[0] if len(checks) == 1 else tf.reduce_all(tf.stack(checks))
 
 
-def finite_given(summary: tf.Tensor, tensors: Sequence[tf.Tensor]) -> tf.Tensor:
+def finite_given(
+    summary: tf.Tensor, tensors: Sequence[tf.Tensor], exact: bool = False
+) -> tf.Tensor:
     """Scalar bool: every element of ``tensors`` is finite, read off ``summary``.
 
-    ``summary`` is a reduction the step computes anyway (a global norm, a max of
-    absolute values) that is non-finite whenever one of ``tensors`` is: a sum of squares
-    and a max propagate NaN and inf (``tests/test_checks.py`` checks that TensorFlow's
-    reductions do, with and without XLA). It may also be non-finite by overflow alone
-    (a norm of gradients of 1e20), so only then is the exact check run, off the healthy
-    path, inside a ``tf.cond``.
+    ``summary`` is a reduction the step computes anyway (a global norm, a max of absolute
+    values) that is non-finite whenever one of ``tensors`` is: a sum of squares propagates
+    NaN and inf, and so does TensorFlow's max reduction without XLA
+    (``tests/test_checks.py`` checks both). Under XLA a max drops NaN, so a step compiled
+    with XLA passes ``exact=True`` for a max (XLA fuses the exact check into one kernel
+    anyway). A summary may also be non-finite by overflow alone (a norm of gradients of
+    1e20), so only then is the exact check run, off the healthy path, inside a ``tf.cond``.
     """
+    if exact:
+        return all_finite(tensors)
     return tf.cond(
         tf.math.is_finite(tf.cast(summary, tf.float32)),
         lambda: tf.constant(True),
