@@ -132,8 +132,10 @@ class NanSentinel(keras.callbacks.Callback):
         model without ``forward``."""
 
         def captured_compute_loss(*args: Any, **kwargs: Any) -> Any:
-            if "predictions" not in self._captured and kwargs.get("y_pred") is not None:
-                self._captured = {**self._captured, "predictions": kwargs["y_pred"]}
+            # Keras calls compute_loss(x, y, y_pred, sample_weight, ...), positionally.
+            y_pred = kwargs.get("y_pred", args[2] if len(args) > 2 else None)
+            if "predictions" not in self._captured and y_pred is not None:
+                self._captured = {**self._captured, "predictions": y_pred}
             return compute_loss(*args, **kwargs)
 
         return captured_compute_loss
@@ -195,11 +197,14 @@ class NanSentinel(keras.callbacks.Callback):
             grads_and_vars = list(grads_and_vars)
             out = self._captured
             watched = [
-                out.get("predictions"),
+                *tf.nest.flatten(out.get("predictions")),
                 *(out.get("alpha") or []),
                 *(out.get("logits") or []),
             ]
-            forward_ok = all_finite([t for t in watched if t is not None])
+            # Multi-output models may predict integers or leave outputs out: float ones only.
+            forward_ok = all_finite(
+                [t for t in watched if t is not None and tf.as_dtype(t.dtype).is_floating]
+            )
             receivers = list(out.get("receivers") or [])
             normalized = (
                 attention_ok(list(out.get("alpha") or [])[: len(receivers)], receivers)
