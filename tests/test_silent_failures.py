@@ -197,8 +197,8 @@ def planted_masking_transform(ctx: BuildContext) -> Recipe:
 
 
 def infinite_scale(gradients):
-    """A transform that makes finite gradients infinite."""
-    return [g * np.float32(np.inf) for g in gradients]
+    """A transform that makes finite gradients infinite: 1e30 * 1e30 overflows float32."""
+    return [g * 1e30 * 1e30 for g in gradients]
 
 
 @register_variant
@@ -213,6 +213,34 @@ def planted_weights(ctx: BuildContext) -> Recipe:
     recipe = create_recipe(ctx)
     recipe.optimizer.learning_rate.assign(np.nan)
     return recipe
+
+
+class SqrtOfZero(keras.layers.Layer):
+    """x + sqrt(|x - x|): x forward, but the gradient of sqrt at 0 is inf, times 0: NaN."""
+
+    def call(self, x):
+        return x + tf.sqrt(tf.abs(x - x))
+
+
+class GradientInALayer(keras.Model):
+    def __init__(self, num_features, hidden):
+        super().__init__()
+        self.embed = keras.layers.Dense(hidden, name="embed")
+        self.planted = SqrtOfZero(name="sqrt_of_zero")
+        self.head = keras.layers.Dense(2, name="head")
+        self.embed.build((None, num_features))
+        self.head.build((None, hidden))
+
+    def call(self, inputs, training=False):
+        nodes = self.planted(self.embed(inputs["nodes"]))
+        pooled = tf.math.unsorted_segment_sum(nodes, inputs["node_graph"], inputs["num_graphs"])
+        return self.head(pooled)
+
+
+@register_variant
+def planted_layer_gradient(ctx: BuildContext) -> Recipe:
+    """A NaN gradient inside a layer, finite forward."""
+    return Recipe(GradientInALayer(ctx.num_features, ctx.hidden), keras.optimizers.Adam(1e-3))
 
 
 def one_nan(kernel):
@@ -277,6 +305,12 @@ def test_a_gradient_is_named_by_its_forward_op(tiny_dataset):
     assert result.failure_kind == "nonfinite"
 
 
+def test_a_gradient_in_a_layer_names_the_layer_and_its_forward_op(tiny_dataset):
+    result = train("planted_layer_gradient", tiny_dataset)
+    assert where(result) == (1, 1, "gradient", "sqrt_of_zero")
+    assert result.first_nan_op == "Sqrt (Sqrt) gradient: SqrtGrad"
+
+
 def test_a_transform_that_masks_a_nan_gradient_is_a_gradient_failure(tiny_dataset):
     result = train("planted_masking_transform", tiny_dataset)
     assert where(result)[:3] == (1, 1, "gradient")
@@ -288,6 +322,7 @@ def test_a_transform_that_masks_a_nan_gradient_is_a_gradient_failure(tiny_datase
 def test_a_transform_that_makes_gradients_infinite_is_named(tiny_dataset):
     result = train("planted_bad_transform", tiny_dataset)
     assert where(result) == (1, 1, "gradient", None)
+    assert result.first_nan_op.startswith("Mul ")
     assert result.first_nan_op.endswith("in gradient transform infinite_scale")
 
 
