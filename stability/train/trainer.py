@@ -216,9 +216,11 @@ def make_train_step(
 ) -> Callable[..., Any]:
     """A compiled step: forward, loss, gradients, transform, update, and the fused check.
 
-    Returns ``flags`` (``[6]`` bool, one per ``checks.CHECKS``) and ``stats`` (``[6]``:
-    loss, max |attention logit|, global gradient norm, max |weight|, largest ``exp``
-    argument, smallest per-node max logit; see ``logit_stats``). The raw gradients are
+    Returns one ``[12]`` float32 tensor, which ``split_step`` turns into ``flags`` (``[6]``
+    bool, one per ``checks.CHECKS``) and ``stats`` (``[6]``: loss, max |attention logit|,
+    global gradient norm, max |weight|, largest ``exp`` argument, smallest per-node max
+    logit; see ``logit_stats``): one tensor is one read back to the host per step, not
+    two. The raw gradients are
     checked before the gradient transform, so a transform that masks a non-finite gradient
     cannot hide it. With ``guard``, a step that fails any check before the update leaves
     the weights as they were, so the last good state survives for inspection.
@@ -259,9 +261,10 @@ def make_train_step(
             apply_update(optimizer, gradients, weights)
         max_abs_weight = _max_abs(weights)
         weights_ok = finite_given(max_abs_weight, weights, exact=jit_compile)
-        flags = tf.concat([before, [weights_ok]], axis=0)
-        stats = tf.concat(
+        flags = tf.cast(tf.concat([before, [weights_ok]], axis=0), tf.float32)
+        return tf.concat(
             [
+                flags,
                 tf.stack(
                     [
                         tf.cast(loss, tf.float32),
@@ -274,9 +277,15 @@ def make_train_step(
             ],
             axis=0,
         )
-        return flags, stats
 
     return step
+
+
+def split_step(report: Any) -> tuple[np.ndarray, np.ndarray]:
+    """A step's output (a tensor or array ``[12]``) as ``flags`` ``[6]`` bool and ``stats``
+    ``[6]`` float32 (see ``make_train_step``)."""
+    report = np.asarray(report)
+    return report[: len(CHECKS)] > 0.5, report[len(CHECKS) :]
 
 
 def apply_update(optimizer: keras.optimizers.Optimizer, gradients: list, weights: list) -> None:
@@ -403,7 +412,7 @@ class Trainer:
                 data.train, scaled, cfg.batch_size, rng, storage_dtype(cfg.dtype), budget
             )
             for batch, ready in prefetched(batches, cfg.prefetch):
-                flags, stats = (t.numpy() for t in step(ready.as_inputs(), ready.targets))
+                flags, stats = split_step(step(ready.as_inputs(), ready.targets).numpy())
                 steps += 1
                 if not flags.all() and not result.hit_nan:
                     self._record_first_nan(result, flags, epoch, steps, (batch, ready))
@@ -412,7 +421,7 @@ class Trainer:
                         step = make_train_step(
                             recipe, step_signature, guard=False, jit_compile=cfg.jit_compile
                         )
-                        flags, stats = (t.numpy() for t in step(ready.as_inputs(), ready.targets))
+                        flags, stats = split_step(step(ready.as_inputs(), ready.targets).numpy())
                 epoch_stats.append(stats)
                 if not flags[CHECKS.index("loss")] and result.loss_nan_epoch is None:
                     result.loss_nan_epoch = epoch
