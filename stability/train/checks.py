@@ -55,10 +55,19 @@ def all_finite(tensors: Sequence[tf.Tensor]) -> tf.Tensor:
 
 
 def normalization_tolerance(dtype: tf.DType, in_degree: tf.Tensor) -> tf.Tensor:
-    """``TOLERANCE_FACTOR * eps(dtype) * max(in_degree, 1)``: how far from 1 a node's
-    attention weights may sum. float32: 4.8e-7 per incoming edge; float16: 3.9e-3."""
+    """``TOLERANCE_FACTOR * eps(dtype) * in_degree``: how far from 1 a node's attention
+    weights may sum. float32: 4.8e-7 per incoming edge; float16: 3.9e-3. A node without
+    incoming edges gets 0: its sum is an empty sum, exactly 0."""
     eps = float(np.finfo(dtype.as_numpy_dtype).eps)
-    return TOLERANCE_FACTOR * eps * tf.maximum(in_degree, 1.0)
+    return (TOLERANCE_FACTOR * eps) * in_degree
+
+
+def as_columns(tensor: tf.Tensor) -> tf.Tensor:
+    """``tensor`` as ``[num_edges, k]``: unchanged when it is already 2-D (no op is added,
+    and the step pays per op), else reshaped."""
+    if tensor.shape.rank == 2:
+        return tensor
+    return tf.reshape(tensor, [tf.shape(tensor)[0], -1])
 
 
 def attention_sums(
@@ -70,7 +79,7 @@ def attention_sums(
     ``[num_edges]``; returns sums ``[num_nodes, heads]`` and in-degree ``[num_nodes, 1]``,
     both in ``alpha``'s dtype. ``num_nodes`` defaults to the largest receiver plus one.
     """
-    alpha = tf.reshape(alpha, [tf.shape(alpha)[0], -1])
+    alpha = as_columns(alpha)
     if num_nodes is None:
         num_nodes = tf.reduce_max(receivers) + 1
     sums = tf.math.unsorted_segment_sum(alpha, receivers, num_nodes)
@@ -91,13 +100,16 @@ def attention_ok(
     """
     checks, shared = [], {}
     for alpha, receiver in zip(alphas, receivers, strict=True):
-        alpha = tf.reshape(alpha, [tf.shape(alpha)[0], -1])
+        alpha = as_columns(alpha)
         nodes = tf.reduce_max(receiver) + 1 if num_nodes is None else num_nodes
         key = (id(receiver), alpha.dtype)
         if key not in shared:
+            # [num_nodes, 1]
             degree = tf.math.unsorted_segment_sum(
-                tf.ones_like(receiver, alpha.dtype), receiver, nodes
-            )[:, None]
+                tf.ones_like(alpha[:, :1]) if alpha.shape[-1] != 1 else tf.ones_like(alpha),
+                receiver,
+                nodes,
+            )
             # What a node's weights must sum to: 1 with incoming edges, and 0 (an empty
             # sum, exactly) without; one comparison then covers both.
             shared[key] = (tf.minimum(degree, 1.0), normalization_tolerance(alpha.dtype, degree))
@@ -194,7 +206,7 @@ def normalization_site(
         sums, degree = (
             t.numpy() for t in attention_sums(tf.constant(alpha), tf.constant(receiver))
         )
-        tolerance = normalization_tolerance(tf.as_dtype(alpha.dtype), degree).numpy()
+        tolerance = np.asarray(normalization_tolerance(tf.as_dtype(alpha.dtype), degree))
         with np.errstate(invalid="ignore"):
             bad = ~((np.abs(sums - 1.0) <= tolerance) | (degree == 0.0))
         if not bad.any():

@@ -25,6 +25,7 @@ from stability.model.variants import BuildContext, Recipe, Variant
 from stability.train.checks import (
     CHECKS,
     all_finite,
+    as_columns,
     attention_ok,
     finite_given,
     first_failure,
@@ -165,7 +166,8 @@ def logit_stats(out: dict[str, Any], inputs: dict[str, tf.Tensor]) -> tf.Tensor:
     has ``exp`` 0 on all its edges). A shifted softmax's ``exp`` sees ``logit - max <= 0``,
     whose largest value at every node is exactly 0, so such a layer counts as 0 on both
     sides. Padding edges of a padded batch are left out. NaN where the model returns no
-    logits (or no receivers, for the third).
+    logits, and NaN or inf (read as "none" on the host) where it returns no receivers or no
+    node has an incoming edge, for the third.
     """
     logits, receivers, shifted = out["logits"], out["receivers"], out["softmax_shifted"]
     mask = inputs.get("edge_mask")
@@ -175,7 +177,7 @@ def logit_stats(out: dict[str, Any], inputs: dict[str, tf.Tensor]) -> tf.Tensor:
             highs.append(tf.constant(0.0))
             lows.append(tf.constant(0.0))
             continue
-        logit = tf.cast(tf.reshape(logit, [tf.shape(logit)[0], -1]), tf.float32)
+        logit = tf.cast(as_columns(logit), tf.float32)
         lowest = tf.float32.min
         if mask is not None:
             logit = tf.where(mask[:, None], logit, lowest)
@@ -185,10 +187,18 @@ def logit_stats(out: dict[str, Any], inputs: dict[str, tf.Tensor]) -> tf.Tensor:
             node_max = tf.math.unsorted_segment_max(
                 logit, receivers[k], tf.shape(inputs["nodes"])[0]
             )
+            # inf where no node has an incoming edge: the host reads it as "none".
             lows.append(tf.reduce_min(tf.where(node_max > lowest, node_max, math.inf)))
-    high = tf.reduce_max(tf.stack(highs)) if highs else tf.constant(math.nan)
-    low = tf.reduce_min(tf.stack(lows)) if lows else tf.constant(math.nan)
-    return tf.stack([_max_abs(logits), high, tf.where(tf.math.is_inf(low), math.nan, low)])
+    return tf.stack(
+        [_max_abs(logits), _extreme(highs, tf.reduce_max), _extreme(lows, tf.reduce_min)]
+    )
+
+
+def _extreme(values: list, reduce: Callable[..., tf.Tensor]) -> tf.Tensor:
+    """``reduce`` over scalar ``values``; NaN for none (a single one is used as it is)."""
+    if not values:
+        return tf.constant(math.nan)
+    return values[0] if len(values) == 1 else reduce(tf.stack(values))
 
 
 def input_signature(
