@@ -21,9 +21,11 @@ NOTES[SECTION] = (
     "The seed's model (`raw_e`, hidden 32) on 10 batches of 32 graphs of the seed case's data "
     "set, healthy steps only; a round is the 10 steps, each followed by a read of its output "
     "as a training loop does. *plain*: a `tf.function` step with forward, loss, gradients and "
-    "Adam, nothing else. *sentinel*: the harness's step (the plain step plus the fused "
-    "finiteness check of forward tensors, loss, gradients and weights, the guard around the "
-    "update, and the per-step statistics). *check_numerics*: the plain step traced after "
+    "Adam, nothing else. *sentinel*: the harness's step with every check (the plain step "
+    "plus the finiteness of forward tensors and loss, the attention normalization invariant, "
+    "the raw gradients checked before the transform, the weights after the update, the guard "
+    "around the update, and the per-step statistics with the signed exp headroom). "
+    "*check_numerics*: the plain step traced after "
     "`tf.debugging.enable_check_numerics()`. Goal: sentinel / plain <= 1.05."
 )
 STEPS = 10

@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from stability import cli
-from stability.core.results import HISTORY_FIELDS, RESULT_FIELDS
+from stability.core.results import ADDED_RESULT_FIELDS, HISTORY_FIELDS, RESULT_FIELDS
 from stability.data import Dataset, registry
 from stability.data.graphs import Graph
 from stability.model.variants import list_variants
@@ -174,7 +174,8 @@ TABLE = [
     pytest.param(
         {"out/tiny.csv": "a,b\n1,2\n"},
         ["report", "out/tiny.csv"],
-        f"out/tiny.csv: not a results CSV; missing columns {', '.join(RESULT_FIELDS)}",
+        "out/tiny.csv: not a results CSV; missing columns "
+        + ", ".join(f for f in RESULT_FIELDS if f not in ADDED_RESULT_FIELDS),
         id="cmd-report-not-results",
     ),
     pytest.param({}, ["report", "."], ".: Is a directory", id="cmd-report-folder"),

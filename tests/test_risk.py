@@ -97,3 +97,30 @@ def test_a_run_shorter_than_the_minimum_is_not_extrapolated():
     results, history = _case({"slow": 0.02}, {}, budget=MIN_TREND_EPOCHS)
     table = risk_table(results, history).set_index("variant")
     assert table.loc["slow", "trend crosses it at epoch (finite runs), median"] != "-"
+
+
+def _signed_case(high_slope: float, low_slope: float, dtype: str, budget: int = 50):
+    """One run whose largest exp argument grows by ``high_slope`` and whose smallest
+    per-node max logit falls by ``low_slope`` per epoch."""
+    results, history = _case({"v": 0.0}, {}, budget)
+    results["dtype"] = dtype
+    history["max_exp_arg"] = 1.0 + high_slope * history["epoch"]
+    history["min_node_max_logit"] = -1.0 - low_slope * history["epoch"]
+    return results, history
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_signed_headroom_heads_for_the_line_of_its_direction_and_dtype(dtype):
+    limits = exp_limits(dtype)
+    up = run_risks(*_signed_case(1.0, 0.1, dtype)).iloc[0]
+    assert (up["line_name"], up["line"]) == ("overflow", limits.overflow)
+    assert up["crossing"] == pytest.approx(limits.overflow - 1.0)
+    assert up["line_label"] == f"+{limits.overflow:.2f} (overflow)"
+    down = run_risks(*_signed_case(0.1, 1.0, dtype)).iloc[0]
+    assert (down["line_name"], down["line"]) == ("underflow", limits.underflow)
+    assert down["line_label"] == f"-{limits.underflow:.2f} (underflow)"
+
+
+def test_an_old_history_without_the_signed_columns_keeps_the_nearer_line():
+    results, history = _case({"v": 1.0}, {})
+    assert run_risks(results, history).iloc[0]["line_name"] == "underflow"

@@ -2,7 +2,6 @@
 
 import math
 
-import keras
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -10,7 +9,13 @@ import tensorflow as tf
 from stability import BuildContext
 from stability.model.losses import robust_loss
 from stability.model.variants import Variant, create_recipe
-from stability.train.checks import finite_flags, first_failure, nonfinite_weights
+from stability.train.checks import (
+    all_finite,
+    first_failure,
+    nonfinite_weights,
+    stage_of,
+    step_flags,
+)
 from stability.train.trainer import TrainConfig, Trainer
 
 # The planted magnitudes (logits of 240, log sigma of -100) are float32's limits; each
@@ -100,23 +105,31 @@ def test_guarded_run_keeps_the_last_finite_weights(tiny_dataset):
 
 
 @pytest.mark.parametrize(
-    ("forward", "loss", "gradient", "weight", "expected"),
+    ("forward", "normalized", "loss", "raw", "transformed", "weight", "expected"),
     [
-        pytest.param(1.0, 1.0, 1.0, 1.0, None, id="finite"),
-        pytest.param(np.inf, np.nan, np.nan, np.nan, "forward", id="forward-first"),
-        pytest.param(1.0, np.inf, np.nan, 1.0, "loss", id="loss"),
-        pytest.param(1.0, 1.0, np.nan, 1.0, "gradient", id="gradient"),
-        pytest.param(1.0, 1.0, 1.0, np.nan, "weights", id="weights-loss-finite"),
+        pytest.param(1.0, True, 1.0, 1.0, 1.0, 1.0, None, id="finite"),
+        pytest.param(np.inf, False, np.nan, np.nan, np.nan, np.nan, "forward", id="forward"),
+        pytest.param(1.0, False, 1.0, 1.0, 1.0, 1.0, "attention", id="attention"),
+        pytest.param(1.0, True, np.inf, np.nan, np.nan, 1.0, "loss", id="loss"),
+        pytest.param(1.0, True, 1.0, np.nan, 0.0, 1.0, "gradient", id="masked-gradient"),
+        pytest.param(1.0, True, 1.0, 1.0, np.nan, 1.0, "transform", id="transform"),
+        pytest.param(1.0, True, 1.0, 1.0, 1.0, np.nan, "weights", id="weights-loss-finite"),
     ],
 )
-def test_first_failure_follows_the_step_order(forward, loss, gradient, weight, expected):
-    flags = finite_flags(
-        [tf.constant([forward])],
+def test_first_failure_follows_the_step_order(
+    forward, normalized, loss, raw, transformed, weight, expected
+):
+    before = step_flags(
+        all_finite([tf.constant([forward])]),
+        tf.constant(normalized),
         tf.constant(loss),
-        [tf.constant([gradient])],
-        [keras.Variable([weight])],
+        all_finite([tf.constant([raw])]),
+        all_finite([tf.constant([transformed])]),
     ).numpy()
+    flags = np.append(before, np.isfinite(weight))
     assert first_failure(flags) == expected
+    if expected in ("attention", "transform"):
+        assert stage_of(expected) == {"attention": "forward", "transform": "gradient"}[expected]
 
 
 def test_unguarded_stable_softmax_stays_finite_under_the_same_plant(tiny_dataset):

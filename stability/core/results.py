@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field
 
+from stability.core.limits import exp_limits
+
 #: The result columns, in CSV order. Every writer renders from this tuple (stable names:
 #: users and CI depend on them).
 RESULT_FIELDS = (
@@ -29,6 +31,11 @@ RESULT_FIELDS = (
     "wall_seconds",
     "steps_per_second",
     "tf_version",
+    # Appended by issue 14; older CSVs lack them (readers fill them in, see ``missing``).
+    "failure_kind",
+    "max_exp_arg",
+    "min_node_max_logit",
+    "warning",
 )
 
 #: The columns that say whether, when and where a run's first NaN happened.
@@ -54,7 +61,24 @@ HISTORY_FIELDS = (
     "max_abs_logit",
     "grad_norm",
     "max_abs_weight",
+    # Appended by issue 14: signed headroom to exp's limits, next to the dtype's lines.
+    "max_exp_arg",
+    "min_node_max_logit",
+    "exp_overflow_line",
+    "exp_underflow_line",
 )
+
+#: Columns a CSV written before issue 14 lacks; ``report``/``compare``/``claims`` read such
+#: CSVs by filling them with empty values.
+ADDED_RESULT_FIELDS = RESULT_FIELDS[RESULT_FIELDS.index("tf_version") + 1 :]
+ADDED_HISTORY_FIELDS = HISTORY_FIELDS[HISTORY_FIELDS.index("max_abs_weight") + 1 :]
+
+
+#: How ``summary_line`` words a failure that is not a plain non-finite value.
+_OUTCOMES = {
+    "normalization": "attention weights not summing to 1",
+    "masked_gradient": "non-finite gradient masked by the transform",
+}
 
 
 @dataclass
@@ -67,6 +91,9 @@ class EpochRecord:
     max_abs_logit: float = math.nan
     grad_norm: float = math.nan
     max_abs_weight: float = math.nan
+    #: The largest exp argument and the smallest per-node max logit, signed.
+    max_exp_arg: float = math.nan
+    min_node_max_logit: float = math.nan
 
 
 @dataclass
@@ -94,6 +121,14 @@ class RunResult:
     wall_seconds: float = 0.0
     steps_per_second: float = 0.0
     tf_version: str = ""
+    #: What the first failure was: ``nonfinite``, ``normalization`` (attention weights not
+    #: summing to 1), ``masked_gradient`` (a non-finite gradient the transform made finite)
+    #: or ``input``; None for a run without one.
+    failure_kind: str | None = None
+    max_exp_arg: float | None = None
+    min_node_max_logit: float | None = None
+    #: Why a finite run is still suspect (near exp's limits), or None.
+    warning: str | None = None
     history: list[EpochRecord] = field(default_factory=list, repr=False)
 
     @property
@@ -109,6 +144,12 @@ class RunResult:
             outcome = f"not trained, non-finite input ({self.first_nan_layer})"
         else:
             outcome = f"NaN at epoch {self.first_nan_epoch}" if self.hit_nan else "finite"
+            if self.failure_kind in _OUTCOMES:
+                outcome = f"{_OUTCOMES[self.failure_kind]} at epoch {self.first_nan_epoch}"
+            if self.first_nan_where == "validation":
+                outcome += " (validation)"
+            if self.warning:
+                outcome += f" (warning: {self.warning})"
         best = "-" if self.best_mae is None else f"{self.best_mae:.3f}"
         return f"{self.case}: {label}: {outcome}, best MAE {best}"
 
@@ -120,4 +161,6 @@ class RunResult:
     def history_rows(self) -> list[dict[str, object]]:
         """One row per epoch, keyed by ``HISTORY_FIELDS``."""
         ident = {name: getattr(self, name) for name in HISTORY_FIELDS[:6]}
-        return [{**ident, **asdict(record)} for record in self.history]
+        lines = exp_limits(self.dtype)
+        extra = {"exp_overflow_line": lines.overflow, "exp_underflow_line": -lines.underflow}
+        return [{**ident, **asdict(record), **extra} for record in self.history]

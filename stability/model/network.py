@@ -78,7 +78,11 @@ class GraphNetwork(keras.Model):
         """Predictions plus the tensors the sentinel watches.
 
         Returns ``predictions`` ``[num_graphs, 2]``, and per message-passing layer
-        ``logits`` and ``alpha`` (each a list of ``[num_edges, 1]``).
+        ``logits`` and ``alpha`` (each a list of ``[num_edges, 1]``), the ``receivers`` the
+        weights are normalized over (a list of ``[num_edges]``), the layers' names
+        (``attention_layers``) and whether each softmax subtracts the segment maximum
+        (``softmax_shifted``: then ``exp`` never sees the raw logit). The trainer checks
+        that every node's weights sum to 1 (docs/plugins.md, "The forward contract").
         """
         # [num_nodes, hidden]
         nodes = self.embed(tf.cast(inputs["nodes"], self.compute_dtype))
@@ -106,7 +110,14 @@ class GraphNetwork(keras.Model):
             predictions = tf.where(
                 inputs["graph_mask"][:, None], predictions, tf.zeros_like(predictions)
             )
-        return {"predictions": predictions, "logits": logits, "alpha": alphas}
+        return {
+            "predictions": predictions,
+            "logits": logits,
+            "alpha": alphas,
+            "receivers": [inputs["receivers"]] * len(self.passes),
+            "attention_layers": [layer.name for layer in self.passes],
+            "softmax_shifted": [layer.softmax == "stable" for layer in self.passes],
+        }
 
     def call(self, inputs: dict[str, tf.Tensor]) -> tf.Tensor:
         return self.forward(inputs)["predictions"]

@@ -6,6 +6,13 @@ of its max |logit| over the last half of its epochs (a least-squares line, per r
 how much: the epoch at which that line crosses the nearer ``exp`` line of the run's dtype
 (``stability.core.limits``). A variant whose finite runs cross it a few budgets later only
 delays the NaN; one whose logits do not grow is not at risk from ``exp``.
+
+Direction: a history with the signed headroom columns (``max_exp_arg``, the largest
+``exp`` argument, and ``min_node_max_logit``, the smallest per-node max logit) gets two
+trends per run, the first toward the dtype's overflow line (``+log(max)``), the second
+toward its underflow line (``log(tiny)``, a whole segment's ``exp`` flushed to 0), and the
+earlier crossing counts. A history written before those columns has max |logit| alone,
+whose sign is lost: its distance is to the nearer of the two lines.
 """
 
 from __future__ import annotations
@@ -15,7 +22,7 @@ import math
 import numpy as np
 import pandas as pd
 
-from stability.core.limits import exp_limits
+from stability.core.limits import ExpLimits, exp_limits
 
 #: The fraction of a run's epochs, counted from its end, that its trend is fitted to: the
 #: early epochs of training move fast and say little about where the logits are heading.
@@ -54,6 +61,10 @@ def crossing_epoch(slope: float, intercept: float, line: float) -> float:
     return (line - intercept) / slope
 
 
+#: The signed headroom columns and the line each heads for: (column, sign, line name).
+SIGNED = (("max_exp_arg", 1.0, "overflow"), ("min_node_max_logit", -1.0, "underflow"))
+
+
 def run_risks(results: pd.DataFrame, history: pd.DataFrame) -> pd.DataFrame:
     """One row per run: its trend, the line it is heading for and when it would cross it."""
     # A run is one seed on one data set (a case may train on several data sets).
@@ -63,28 +74,57 @@ def run_risks(results: pd.DataFrame, history: pd.DataFrame) -> pd.DataFrame:
     rows = []
     for key, run in history.groupby(keys, sort=False):
         run = run.sort_values("epoch")
-        slope, intercept = logit_trend(run["epoch"].to_numpy(), run["max_abs_logit"].to_numpy())
-        dtype = str(dtypes.get(key, "float32"))
-        name, line = exp_limits(dtype).nearest
-        hit = finals.get(key)
-        hit_nan = hit is not None and not pd.isna(hit)
-        last_epoch = int(run["epoch"].max())
-        crossing = crossing_epoch(slope, intercept, line)
-        if not hit_nan and last_epoch < MIN_TREND_EPOCHS:
-            crossing = math.nan  # too short to extrapolate (MIN_TREND_EPOCHS)
-        rows.append(
-            {
-                **dict(zip(keys, key, strict=True)),
+        limits = exp_limits(str(dtypes.get(key, "float32")))
+        epochs = run["epoch"].to_numpy()
+        if all(c in run.columns and run[c].notna().any() for c, _, _ in SIGNED):
+            trend = _signed_trend(epochs, run, limits)
+        else:
+            slope, intercept = logit_trend(epochs, run["max_abs_logit"].to_numpy())
+            name, line = limits.nearest
+            trend = {
                 "slope": slope,
                 "line": line,
                 "line_name": name,
+                "line_label": f"{line:.2f} ({name})",
+                "peak": float(run["max_abs_logit"].max()),
+                "crossing": crossing_epoch(slope, intercept, line),
+            }
+        hit = finals.get(key)
+        hit_nan = hit is not None and not pd.isna(hit)
+        last_epoch = int(run["epoch"].max())
+        if not hit_nan and last_epoch < MIN_TREND_EPOCHS:
+            trend["crossing"] = math.nan  # too short to extrapolate (MIN_TREND_EPOCHS)
+        rows.append(
+            {
+                **dict(zip(keys, key, strict=True)),
+                **trend,
                 "hit_nan": hit_nan,
                 "last_epoch": last_epoch,
-                "peak": float(run["max_abs_logit"].max()),
-                "crossing": crossing,
             }
         )
     return pd.DataFrame(rows)
+
+
+def _signed_trend(epochs: np.ndarray, run: pd.DataFrame, limits: ExpLimits) -> dict:
+    """The trend toward the overflow and toward the underflow line; the earlier crossing
+    (or, if neither is crossed, the one nearer its line) is the run's."""
+    options = []
+    for column, sign, name in SIGNED:
+        line = limits.overflow if name == "overflow" else limits.underflow
+        values = sign * run[column].to_numpy(dtype=np.float64)
+        slope, intercept = logit_trend(epochs, values)
+        peak = float(np.nanmax(values))
+        options.append(
+            {
+                "slope": slope,
+                "line": line,
+                "line_name": name,
+                "line_label": f"{sign * line:+.2f} ({name})",
+                "peak": peak,
+                "crossing": crossing_epoch(slope, intercept, line),
+            }
+        )
+    return min(options, key=lambda o: (o["crossing"], -o["peak"] / o["line"]))
 
 
 def risk_table(results: pd.DataFrame, history: pd.DataFrame) -> pd.DataFrame:
@@ -106,7 +146,7 @@ def risk_table(results: pd.DataFrame, history: pd.DataFrame) -> pd.DataFrame:
                 "lr": f"{lr:g}",
                 "batch": int(batch_size),
                 "max abs logit growth per epoch, median": f"{variant_runs['slope'].median():+.3f}",
-                "line": f"{variant_runs['line'].iloc[0]:.2f} ({variant_runs['line_name'].iloc[0]})",
+                "line": variant_runs["line_label"].mode().iloc[0],
                 "trend crosses it at epoch (finite runs), median": _crossing(variant_runs),
                 "risk": risk_line(variant_runs, budget),
             }

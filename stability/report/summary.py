@@ -77,7 +77,24 @@ class Setting:
         return float(values.median()) if len(values) else math.nan
 
     def wheres(self) -> tuple[str, ...]:
-        return tuple(sorted(set(self.rows.loc[self.training_nan, "first_nan_where"].dropna())))
+        """The stages of the runs' first failures; a failure that is no non-finite value
+        (``failure_kind`` normalization or masked_gradient) is named with its kind."""
+        failed = self.rows.loc[self.training_nan]
+        kinds = failed.get("failure_kind", pd.Series(index=failed.index, dtype=object))
+        labels = set()
+        for where, kind in zip(failed["first_nan_where"], kinds, strict=True):
+            if pd.isna(where):
+                continue
+            special = isinstance(kind, str) and kind not in ("nonfinite", "input")
+            labels.add(f"{where} ({kind.replace('_', ' ')})" if special else where)
+        return tuple(sorted(labels))
+
+    @property
+    def warnings(self) -> pd.Series:
+        """The warnings of the setting's finite runs (near exp's limits), empty if none."""
+        if "warning" not in self.rows.columns:
+            return pd.Series(dtype=object)
+        return self.rows.loc[~self.training_nan & ~self.bad_input, "warning"].dropna()
 
     def ops(self) -> tuple[str, ...]:
         return tuple(sorted(set(self.rows.loc[self.training_nan, "first_nan_op"].dropna())))

@@ -15,7 +15,13 @@ import pandas as pd
 from stability.core.errors import NameNotFound, StabilityError
 from stability.core.files import atomic_write_text
 from stability.core.limits import exp_limits
-from stability.core.results import HISTORY_FIELDS, RESULT_FIELDS, RunResult
+from stability.core.results import (
+    ADDED_HISTORY_FIELDS,
+    ADDED_RESULT_FIELDS,
+    HISTORY_FIELDS,
+    RESULT_FIELDS,
+    RunResult,
+)
 from stability.report.plots import write_plots
 from stability.report.risk import MIN_TREND_EPOCHS, TREND_FRACTION, risk_table
 from stability.report.summary import Setting, best_finite, settings
@@ -31,7 +37,7 @@ def read_results(path: str | Path) -> pd.DataFrame:
     path = Path(path)
     if not path.exists():
         raise StabilityError(f"{path}: no such results file")
-    return _read_table(path, RESULT_FIELDS, "results")
+    return _read_table(path, RESULT_FIELDS, "results", optional=ADDED_RESULT_FIELDS)
 
 
 def history_frame(results: Sequence[RunResult]) -> pd.DataFrame:
@@ -43,15 +49,26 @@ def history_frame(results: Sequence[RunResult]) -> pd.DataFrame:
 def read_history(path: str | Path) -> pd.DataFrame | None:
     """The history CSV at ``path``, or None if there is none (a report without plots)."""
     path = Path(path)
-    return _read_table(path, HISTORY_FIELDS, "history") if path.exists() else None
+    if not path.exists():
+        return None
+    return _read_table(path, HISTORY_FIELDS, "history", optional=ADDED_HISTORY_FIELDS)
 
 
-def _read_table(path: Path, fields: Sequence[str], kind: str) -> pd.DataFrame:
-    """Read a CSV of ours, checking that it has ``fields``; one-line errors otherwise."""
+def _read_table(
+    path: Path, fields: Sequence[str], kind: str, optional: Sequence[str] = ()
+) -> pd.DataFrame:
+    """Read a CSV of ours, checking that it has ``fields``; one-line errors otherwise.
+
+    ``optional`` columns were appended in a later version: a CSV written before lacks
+    them, and gets them empty (NaN), which every reader treats as "not recorded".
+    """
     try:
         frame = pd.read_csv(path)
     except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as exc:
         raise StabilityError(f"{path}: not a {kind} CSV ({exc})") from None
+    for column in optional:
+        if column not in frame.columns:
+            frame[column] = np.nan
     missing = [c for c in fields if c not in frame.columns]
     if missing:
         raise StabilityError(f"{path}: not a {kind} CSV; missing columns {', '.join(missing)}")
@@ -77,17 +94,28 @@ def summary_table(frame: pd.DataFrame) -> pd.DataFrame:
                 "best MAE, median": _median(s.rows["best_mae"]),
                 "MAE before NaN, median": _median(s.rows["mae_before_nan"]),
                 "max abs logit, median": _median(s.rows["max_abs_logit"], digits=1),
+                "warning (finite runs)": _warnings(s),
                 "NaN in input": f"{s.input_runs}/{s.runs}",
             }
         )
     table = pd.DataFrame(rows)
     if (frame["first_nan_where"] != "input").all():
         table = table.drop(columns="NaN in input")
+    if (table["warning (finite runs)"] == "-").all():
+        table = table.drop(columns="warning (finite runs)")
     # Settings that do not vary in the case are stated once above the table, not per row.
     for column in ("lr", "batch"):
         if table[column].nunique() == 1:
             table = table.drop(columns=column)
     return table
+
+
+def _warnings(s: Setting) -> str:
+    """How many of the setting's finite runs carry a warning, and the first one's text."""
+    warned = s.warnings
+    if warned.empty:
+        return "-"
+    return f"{len(warned)}/{s.runs}: {warned.iloc[0]}"
 
 
 def _relative(s: Setting, best: tuple[str, float] | None) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import math
 import os
 import time
@@ -14,14 +15,33 @@ import numpy as np
 import tensorflow as tf
 
 from stability.core.errors import StabilityError
+from stability.core.limits import exp_limits
 from stability.core.results import EpochRecord, RunResult
 from stability.data import Dataset
 from stability.data.graphs import Graph, GraphBatch, batch_graphs, graph_label
 from stability.data.padding import Budget, budget_for, pad_batch
 from stability.data.prefetch import prefetched
 from stability.model.variants import BuildContext, Recipe, Variant
-from stability.train.checks import all_finite, finite_flags, first_failure, nonfinite_weight_site
-from stability.train.replay import NanSite, replay_step, xla_gradient_site
+from stability.train.checks import (
+    CHECKS,
+    all_finite,
+    as_columns,
+    attention_ok,
+    finite_given,
+    first_failure,
+    nonfinite_weight_site,
+    normalization_site,
+    stage_of,
+    step_flags,
+)
+from stability.train.replay import (
+    NanSite,
+    replay_forward,
+    replay_step,
+    transform_name,
+    transformed,
+    xla_gradient_site,
+)
 
 #: Dtype policies a run accepts: a float dtype, or Keras' mixed policy (float16 compute,
 #: float32 weights), where the naive softmax's exp already overflows above 11.09.
@@ -76,11 +96,109 @@ def seed_everything(seed: int) -> None:
     tf.config.experimental.enable_op_determinism()
 
 
-def forward(model: keras.Model, inputs: dict[str, tf.Tensor]) -> dict[str, Any]:
-    """``model.forward(inputs)`` if the model has it, else its predictions alone."""
+def forward(
+    model: keras.Model, inputs: dict[str, tf.Tensor], training: bool = True
+) -> dict[str, Any]:
+    """``model.forward(inputs)`` if the model has it, else its predictions alone.
+
+    ``training`` is passed on to ``forward`` if it takes it, and to ``model(inputs)``: the
+    step trains with True, validation predicts with False, and a replay repeats the flag of
+    what it replays. The result always has ``predictions``, ``logits``, ``alpha``,
+    ``receivers``, ``attention_layers`` and ``softmax_shifted`` (lists may be empty; see
+    docs/plugins.md, "The forward contract").
+    """
     if hasattr(model, "forward"):
-        return model.forward(inputs)
-    return {"predictions": model(inputs), "logits": [], "alpha": []}
+        takes_flag = "training" in inspect.signature(model.forward).parameters
+        out = dict(
+            model.forward(inputs, training=training) if takes_flag else model.forward(inputs)
+        )
+    else:
+        out = {"predictions": model(inputs, training=training)}
+    alphas = list(out.get("alpha") or [])
+    out["logits"] = list(out.get("logits") or [])
+    out["alpha"] = alphas
+    out["receivers"] = list(out.get("receivers") or [])
+    names = list(out.get("attention_layers") or [])
+    out["attention_layers"] = names + [f"attention_{k}" for k in range(len(names), len(alphas))]
+    shifted = list(out.get("softmax_shifted") or [])
+    out["softmax_shifted"] = shifted + [False] * (len(out["logits"]) - len(shifted))
+    return out
+
+
+def watched_tensors(out: dict[str, Any]) -> list[tf.Tensor]:
+    """The forward tensors whose finiteness is checked: predictions, attention and logits."""
+    return [out["predictions"], *out["alpha"], *out["logits"]]
+
+
+def normalized(out: dict[str, Any], inputs: dict[str, tf.Tensor]) -> tf.Tensor:
+    """Scalar bool: the attention of a model that returns its receivers sums to 1 per node."""
+    receivers = out["receivers"]
+    if not receivers:
+        return tf.constant(True)
+    return attention_ok(out["alpha"][: len(receivers)], receivers, tf.shape(inputs["nodes"])[0])
+
+
+def forward_finite(
+    out: dict[str, Any], attention: tf.Tensor, max_abs_logit: tf.Tensor, exact: bool = False
+) -> tf.Tensor:
+    """Scalar bool: predictions, attention weights and logits are all finite.
+
+    Cheap on a healthy step: the logits are read off their max |logit| (``finite_given``),
+    and attention weights that sum to 1 at every node are finite (a NaN or inf weight
+    makes its node's sum NaN or inf), so they are checked one by one only when the
+    normalization check failed, or when the model returns no receivers for them.
+    """
+    alphas, checked = out["alpha"], len(out["receivers"])
+    ok = all_finite([out["predictions"], *alphas[checked:]])
+    # Under XLA (``exact``) a max drops NaN: the logits are then checked one by one.
+    ok &= finite_given(max_abs_logit, out["logits"], exact=exact)
+    if checked:
+        ok &= tf.cond(attention, lambda: tf.constant(True), lambda: all_finite(alphas[:checked]))
+    return ok
+
+
+def logit_stats(out: dict[str, Any], inputs: dict[str, tf.Tensor]) -> tf.Tensor:
+    """``[3]`` float32: max |attention logit|, the largest ``exp`` argument and the smallest
+    per-node max logit.
+
+    The last two are signed: the first is the overflow side (``exp`` is inf above
+    log(max)), the second the underflow side (a node whose every logit is below log(tiny)
+    has ``exp`` 0 on all its edges). A shifted softmax's ``exp`` sees ``logit - max <= 0``,
+    whose largest value at every node is exactly 0, so such a layer counts as 0 on both
+    sides. Padding edges of a padded batch are left out. NaN where the model returns no
+    logits, and NaN or inf (read as "none" on the host) where it returns no receivers or no
+    node has an incoming edge, for the third.
+    """
+    logits, receivers, shifted = out["logits"], out["receivers"], out["softmax_shifted"]
+    mask = inputs.get("edge_mask")
+    highs, lows = [], []
+    for k, logit in enumerate(logits):
+        if shifted[k]:
+            highs.append(tf.constant(0.0))
+            lows.append(tf.constant(0.0))
+            continue
+        logit = tf.cast(as_columns(logit), tf.float32)
+        lowest = tf.float32.min
+        if mask is not None:
+            logit = tf.where(mask[:, None], logit, lowest)
+        highs.append(tf.reduce_max(logit))
+        if k < len(receivers):
+            # A node without (real) incoming edges gets float32's lowest: left out below.
+            node_max = tf.math.unsorted_segment_max(
+                logit, receivers[k], tf.shape(inputs["nodes"])[0]
+            )
+            # inf where no node has an incoming edge: the host reads it as "none".
+            lows.append(tf.reduce_min(tf.where(node_max > lowest, node_max, math.inf)))
+    return tf.stack(
+        [_max_abs(logits), _extreme(highs, tf.reduce_max), _extreme(lows, tf.reduce_min)]
+    )
+
+
+def _extreme(values: list, reduce: Callable[..., tf.Tensor]) -> tf.Tensor:
+    """``reduce`` over scalar ``values``; NaN for none (a single one is used as it is)."""
+    if not values:
+        return tf.constant(math.nan)
+    return values[0] if len(values) == 1 else reduce(tf.stack(values))
 
 
 def input_signature(
@@ -106,44 +224,78 @@ def input_signature(
 def make_train_step(
     recipe: Recipe, signature: tuple[Any, Any], guard: bool, jit_compile: bool = False
 ) -> Callable[..., Any]:
-    """A compiled step: forward, loss, gradients, update, and the fused finiteness check.
+    """A compiled step: forward, loss, gradients, transform, update, and the fused check.
 
-    Returns ``flags`` (``[4]`` bool, see ``sentinel.STAGES``) and ``stats``
-    (``[4]``: loss, max |attention logit|, global gradient norm, max |weight|).
-    With ``guard``, a step whose forward pass, loss or gradients are not finite leaves the
-    weights as they were, so the last finite state survives for inspection.
+    Returns one ``[12]`` float32 tensor, which ``split_step`` turns into ``flags`` (``[6]``
+    bool, one per ``checks.CHECKS``) and ``stats`` (``[6]``: loss, max |attention logit|,
+    global gradient norm, max |weight|, largest ``exp`` argument, smallest per-node max
+    logit; see ``logit_stats``): one tensor is one read back to the host per step, not
+    two. The raw gradients are
+    checked before the gradient transform, so a transform that masks a non-finite gradient
+    cannot hide it. With ``guard``, a step that fails any check before the update leaves
+    the weights as they were, so the last good state survives for inspection.
     """
     model, optimizer, weights = recipe.model, recipe.optimizer, recipe.model.trainable_variables
+    transform = recipe.gradient_transform
 
     @tf.function(input_signature=signature, reduce_retracing=True, jit_compile=jit_compile)
     def step(inputs: dict[str, tf.Tensor], targets: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
         with tf.GradientTape() as tape:
-            out = forward(model, inputs)
+            out = forward(model, inputs, training=True)
             loss = _real_mean(recipe.loss(targets, out["predictions"]), inputs)
             # Regularizers (the weight_constrained variant's l2) join the optimized loss;
             # the reported loss stays the seed's robust loss.
             total = loss + tf.add_n(model.losses) if model.losses else loss
-        gradients = tape.gradient(total, weights)
-        if recipe.gradient_transform is not None:
-            gradients = recipe.gradient_transform(gradients)
-        watched = [out["predictions"], *out["alpha"], *out["logits"]]
-        healthy = all_finite(watched) & all_finite([loss]) & all_finite(gradients)
+        raw = tape.gradient(total, weights)
+        # Norms the statistics report anyway double as the finiteness checks (see
+        # checks.finite_given): a healthy step pays no separate pass over the gradients.
+        raw_norm = tf.linalg.global_norm(raw)
+        if transform is not None:
+            gradients = transformed(transform, raw)
+            norm = tf.linalg.global_norm(gradients)
+            transform_ok = finite_given(norm, gradients)
+        else:
+            gradients, norm, transform_ok = raw, raw_norm, None
+        attention = normalized(out, inputs)
+        logit_row = logit_stats(out, inputs)
+        before = step_flags(
+            forward_finite(out, attention, logit_row[0], exact=jit_compile),
+            attention,
+            loss,
+            finite_given(raw_norm, raw),
+            transform_ok,
+        )
         if guard:
-            tf.cond(healthy, lambda: _apply(optimizer, gradients, weights), tf.no_op)
+            tf.cond(tf.reduce_all(before), lambda: _apply(optimizer, gradients, weights), tf.no_op)
         else:
             apply_update(optimizer, gradients, weights)
-        flags = finite_flags(watched, loss, gradients, weights)
-        stats = tf.stack(
+        max_abs_weight = _max_abs(weights)
+        weights_ok = finite_given(max_abs_weight, weights, exact=jit_compile)
+        flags = tf.cast(tf.concat([before, [weights_ok]], axis=0), tf.float32)
+        return tf.concat(
             [
-                tf.cast(loss, tf.float32),
-                _max_abs(out["logits"]),
-                tf.cast(tf.linalg.global_norm(gradients), tf.float32),
-                _max_abs(weights),
-            ]
+                flags,
+                tf.stack(
+                    [
+                        tf.cast(loss, tf.float32),
+                        logit_row[0],
+                        tf.cast(norm, tf.float32),
+                        max_abs_weight,
+                    ]
+                ),
+                logit_row[1:],
+            ],
+            axis=0,
         )
-        return flags, stats
 
     return step
+
+
+def split_step(report: Any) -> tuple[np.ndarray, np.ndarray]:
+    """A step's output (a tensor or array ``[12]``) as ``flags`` ``[6]`` bool and ``stats``
+    ``[6]`` float32 (see ``make_train_step``)."""
+    report = np.asarray(report)
+    return report[: len(CHECKS)] > 0.5, report[len(CHECKS) :]
 
 
 def apply_update(optimizer: keras.optimizers.Optimizer, gradients: list, weights: list) -> None:
@@ -173,17 +325,39 @@ def _apply(optimizer: keras.optimizers.Optimizer, gradients: list, weights: list
 
 
 def _max_abs(tensors: list) -> tf.Tensor:
+    """max |x| over ``tensors``, float32; NaN for none.
+
+    One abs and one max over the tensors flattened into one vector, rather than a pair per
+    tensor: the step's cost is mostly its number of small ops (the seed's model has 10
+    weights), and this is the reduction the weights check reads (``finite_given``).
+    """
     if not tensors:
         return tf.constant(math.nan, tf.float32)
-    return tf.cast(tf.reduce_max(tf.stack([tf.reduce_max(tf.abs(t)) for t in tensors])), tf.float32)
+    flat = [tf.reshape(tf.cast(t, tf.float32), [-1]) for t in tensors]
+    return tf.reduce_max(tf.abs(flat[0] if len(flat) == 1 else tf.concat(flat, axis=0)))
 
 
 def make_predict(model: keras.Model, signature: tuple[Any, Any]) -> Callable[..., tf.Tensor]:
+    """Validation's compiled forward pass (``training=False``): predictions and ``[1]`` bool,
+    whether the forward tensors are finite and the attention is normalized."""
+
     @tf.function(input_signature=signature[:1], reduce_retracing=True)
-    def predict(inputs: dict[str, tf.Tensor]) -> tf.Tensor:
-        return forward(model, inputs)["predictions"]
+    def predict(inputs: dict[str, tf.Tensor]) -> tuple[tf.Tensor, tf.Tensor]:
+        out = forward(model, inputs, training=False)
+        healthy = all_finite(watched_tensors(out)) & normalized(out, inputs)
+        return out["predictions"], healthy
 
     return predict
+
+
+#: What a run's first failure was (the ``failure_kind`` column): a non-finite value, the
+#: attention weights not summing to 1, a non-finite gradient the gradient transform made
+#: finite, or non-finite input data (the run is not trained).
+FAILURE_KINDS = ("nonfinite", "normalization", "masked_gradient", "input")
+
+#: A finite run whose ``exp`` arguments came within this fraction of a limit gets a warning
+#: (float32: above 79.85 or, for a node's largest logit, below -78.61).
+WARNING_MARGIN = 0.1
 
 
 class Trainer:
@@ -248,7 +422,7 @@ class Trainer:
                 data.train, scaled, cfg.batch_size, rng, storage_dtype(cfg.dtype), budget
             )
             for batch, ready in prefetched(batches, cfg.prefetch):
-                flags, stats = (t.numpy() for t in step(ready.as_inputs(), ready.targets))
+                flags, stats = split_step(step(ready.as_inputs(), ready.targets).numpy())
                 steps += 1
                 if not flags.all() and not result.hit_nan:
                     self._record_first_nan(result, flags, epoch, steps, (batch, ready))
@@ -257,15 +431,15 @@ class Trainer:
                         step = make_train_step(
                             recipe, step_signature, guard=False, jit_compile=cfg.jit_compile
                         )
-                        flags, stats = (t.numpy() for t in step(ready.as_inputs(), ready.targets))
+                        flags, stats = split_step(step(ready.as_inputs(), ready.targets).numpy())
                 epoch_stats.append(stats)
-                if not flags[1] and result.loss_nan_epoch is None:
+                if not flags[CHECKS.index("loss")] and result.loss_nan_epoch is None:
                     result.loss_nan_epoch = epoch
                 if result.hit_nan and cfg.stop_at_nan:
                     break
             step_seconds += time.perf_counter() - tick
             _summarize_epoch(record, epoch_stats)
-            record.val_mae = self._val_mae(predict, val_batch)
+            record.val_mae = self._validate(result, predict, val_batch, epoch, steps)
             result.history.append(record)
             if self.on_epoch is not None:
                 self.on_epoch(record)
@@ -282,22 +456,29 @@ class Trainer:
         steps: int,
         batches: tuple[GraphBatch, GraphBatch],
     ) -> None:
-        """Fill the ``first_nan_*`` fields; replay the step to name the layer and op.
+        """Fill the ``first_nan_*`` fields and ``failure_kind``; name the layer and op.
 
         ``batches`` is the batch and what the step was fed (the batch padded, under XLA).
+        A non-finite value is named by replaying the step with every op checked; a
+        normalization failure by recomputing the forward pass (the guard kept the weights).
         """
         recipe = self.recipe
         batch, fed = batches
         result.first_nan_epoch, result.first_nan_step = epoch, steps
-        stage = first_failure(flags)
-        if stage == "weights":  # finite gradients, but the update wrote a non-finite weight
+        check = first_failure(flags)
+        stage = stage_of(check)
+        kind = "normalization" if check == "attention" else "nonfinite"
+        if check == "weights":  # finite gradients, but the update wrote a non-finite weight
             site = nonfinite_weight_site(recipe.model.trainable_variables, recipe.optimizer)
+        elif check == "attention":
+            site = self._normalization_site("forward", fed, training=True)
         else:
             site = replay_step(
                 recipe.model,
                 lambda predictions: _total_loss(recipe, batch.targets, predictions),
                 _as_tensors(batch.as_inputs()),
                 recipe.gradient_transform,
+                predict=lambda inputs: forward(recipe.model, inputs, training=True)["predictions"],
             )
         if site is None and self.config.jit_compile and stage == "gradient":
             inputs = _as_tensors(fed.as_inputs())
@@ -306,19 +487,71 @@ class Trainer:
                 lambda predictions: _total_loss(recipe, fed.targets, predictions, inputs),
                 inputs,
                 recipe.gradient_transform,
+                predict=lambda inputs: forward(recipe.model, inputs, training=True)["predictions"],
             )
         # A replay that stayed finite would contradict the check; report what it saw.
         site = site or NanSite(stage)
+        if check == "gradient" and flags[CHECKS.index("transform")]:
+            # The raw gradient was not finite and the transform made it finite: the run
+            # would have trained on as if healthy.
+            kind = "masked_gradient"
+            name = transform_name(recipe.gradient_transform)
+            site = NanSite(
+                site.where, site.layer, f"{site.op}; masked by gradient transform {name}"
+            )
+        result.failure_kind = kind
         result.first_nan_where, result.first_nan_layer, result.first_nan_op = (
             site.where,
             site.layer,
             site.op,
         )
 
-    def _val_mae(self, predict: Callable[..., tf.Tensor], batch: GraphBatch) -> float:
-        mean = predict(batch.as_inputs()).numpy()[:, 0].astype(np.float64)
+    def _normalization_site(self, where: str, batch: GraphBatch, training: bool) -> NanSite:
+        model = self.recipe.model
+        out = forward(model, _as_tensors(batch.as_inputs()), training=training)
+        site = normalization_site(
+            where,
+            [a.numpy() for a in out["alpha"]],
+            [r.numpy() for r in out["receivers"]],
+            out["attention_layers"],
+        )
+        return site or NanSite(where, None, "softmax normalization")
+
+    def _validate(
+        self,
+        result: RunResult,
+        predict: Callable[..., Any],
+        batch: GraphBatch,
+        epoch: int,
+        steps: int,
+    ) -> float:
+        """The epoch's validation MAE; a non-finite or unnormalized validation forward pass
+        is the run's first failure (stage ``validation``) if it had none before."""
+        predictions, healthy = predict(batch.as_inputs())
+        mean = predictions.numpy()[:, 0].astype(np.float64)
+        if not bool(healthy.numpy()) and not result.hit_nan:
+            model = self.recipe.model
+            site = replay_forward(
+                model,
+                lambda inputs: forward(model, inputs, training=False)["predictions"],
+                _as_tensors(batch.as_inputs()),
+            )
+            kind = "nonfinite"
+            if site is None:
+                site, kind = (
+                    self._normalization_site("validation", batch, training=False),
+                    ("normalization"),
+                )
+            result.first_nan_epoch, result.first_nan_step = epoch, steps
+            result.failure_kind = kind
+            result.first_nan_where, result.first_nan_layer, result.first_nan_op = (
+                "validation",
+                site.layer,
+                site.op,
+            )
         data = self.dataset
-        return float(np.mean(np.abs(mean * data.target_std + data.target_mean - batch.targets)))
+        with np.errstate(all="ignore"):
+            return float(np.mean(np.abs(mean * data.target_std + data.target_mean - batch.targets)))
 
     def _finish(self, result: RunResult, started: float, steps: int, seconds: float) -> None:
         maes = [r.val_mae for r in result.history]
@@ -332,6 +565,14 @@ class Trainer:
             result.mae_before_nan = before if np.isfinite(before) else None
         logits = [r.max_abs_logit for r in result.history if np.isfinite(r.max_abs_logit)]
         result.max_abs_logit = max(logits) if logits else None
+        highs = [r.max_exp_arg for r in result.history if np.isfinite(r.max_exp_arg)]
+        lows = [r.min_node_max_logit for r in result.history if np.isfinite(r.min_node_max_logit)]
+        result.max_exp_arg = max(highs) if highs else None
+        result.min_node_max_logit = min(lows) if lows else None
+        if not result.hit_nan:
+            result.warning = headroom_warning(
+                result.max_exp_arg, result.min_node_max_logit, self.config
+            )
         result.wall_seconds = time.perf_counter() - started
         result.steps_per_second = steps / seconds if seconds > 0 else 0.0
 
@@ -375,6 +616,7 @@ def input_nan_result(variant: str, data: Dataset, cfg: TrainConfig) -> RunResult
         first_nan_where="input",
         first_nan_layer=graph_label((data.train + data.val)[index], index),
         first_nan_op=field,
+        failure_kind="input",
     )
 
 
@@ -414,16 +656,47 @@ def _shuffled_batches(
 
 
 def _summarize_epoch(record: EpochRecord, stats: list[np.ndarray]) -> None:
-    """Mean loss and gradient norm, max |logit| and |weight| over the epoch's finite steps."""
+    """Mean loss and gradient norm, max |logit| and |weight|, the largest ``exp`` argument
+    and the smallest per-node max logit over the epoch's finite steps."""
     if not stats:
         return
-    table = np.array(stats, dtype=np.float64)  # [steps, 4]
+    table = np.array(stats, dtype=np.float64)  # [steps, 6]
     with np.errstate(all="ignore"):
         finite = np.where(np.isfinite(table), table, np.nan)
         if np.isfinite(finite[:, 0]).any():
             record.train_loss = float(np.nanmean(finite[:, 0]))
-        for column, name in ((1, "max_abs_logit"), (3, "max_abs_weight")):
+        for column, name in ((1, "max_abs_logit"), (3, "max_abs_weight"), (4, "max_exp_arg")):
             if np.isfinite(finite[:, column]).any():
                 setattr(record, name, float(np.nanmax(finite[:, column])))
+        if np.isfinite(finite[:, 5]).any():
+            record.min_node_max_logit = float(np.nanmin(finite[:, 5]))
         if np.isfinite(finite[:, 2]).any():
             record.grad_norm = float(np.nanmean(finite[:, 2]))
+
+
+def headroom_warning(high: float | None, low: float | None, cfg: TrainConfig) -> str | None:
+    """The warning of a run that stayed finite but came near ``exp``'s limits, or None.
+
+    Near: within ``WARNING_MARGIN`` of the dtype's overflow line (``high``, the largest
+    ``exp`` argument) or underflow line (``low``, the smallest per-node max logit). Under
+    XLA, also above half the overflow line (float32: +44.36), where XLA's softmax gradient
+    ``-x / (y * y)`` is finite but wrong (tests/test_xla.py measures it).
+    """
+    limits = exp_limits(cfg.dtype)
+    parts = []
+    if high is not None and high > limits.overflow * (1 - WARNING_MARGIN):
+        parts.append(
+            f"largest exp argument {high:.2f} within {WARNING_MARGIN:.0%} of the "
+            f"{cfg.dtype} overflow line {limits.overflow:.2f}"
+        )
+    elif cfg.jit_compile and high is not None and high > limits.overflow / 2:
+        parts.append(
+            f"largest exp argument {high:.2f} above {limits.overflow / 2:.2f}, half the "
+            f"{cfg.dtype} overflow line: XLA's softmax gradient is finite but wrong there"
+        )
+    if low is not None and low < -limits.underflow * (1 - WARNING_MARGIN):
+        parts.append(
+            f"smallest per-node max logit {low:.2f} within {WARNING_MARGIN:.0%} of the "
+            f"{cfg.dtype} underflow line {-limits.underflow:.2f}"
+        )
+    return "; ".join(parts) or None

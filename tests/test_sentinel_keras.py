@@ -1,0 +1,148 @@
+"""NanSentinel in every Keras setup: steps_per_execution, XLA, reuse, its stop line and
+raise_error, and the attention invariant of a model that exposes its attention."""
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+from test_callback import PlantedExp, all_weights_finite, model_with
+
+from stability import NanSentinel
+
+#: The batch (0-based, unshuffled) whose inputs are planted to overflow exp(50 x).
+BAD_BATCH = 7
+BATCH = 32
+
+
+@pytest.fixture
+def late_data():
+    """Healthy inputs except batch ``BAD_BATCH``, whose inputs make exp(50 x) overflow."""
+    keras.utils.set_random_seed(0)
+    x = np.random.default_rng(0).normal(scale=0.01, size=(12 * BATCH, 4)).astype("float32")
+    x[BAD_BATCH * BATCH : (BAD_BATCH + 1) * BATCH] = 100.0
+    return x, x.sum(axis=1, keepdims=True)
+
+
+def fit(model, data, sentinel, **options):
+    x, y = data
+    return model.fit(
+        x, y, epochs=2, batch_size=BATCH, shuffle=False, verbose=0, callbacks=[sentinel], **options
+    )
+
+
+def planted_model(jit_compile="auto", steps_per_execution=1):
+    model = model_with(PlantedExp(name="planted_exp"))
+    model.compile(
+        keras.optimizers.Adam(1e-3),
+        "mse",
+        jit_compile=jit_compile,
+        steps_per_execution=steps_per_execution,
+    )
+    return model
+
+
+@pytest.mark.parametrize("steps_per_execution", [1, 5])
+def test_first_failing_step_is_counted_in_optimizer_steps(late_data, steps_per_execution):
+    model = planted_model(steps_per_execution=steps_per_execution)
+    sentinel = NanSentinel()
+    history = fit(model, late_data, sentinel)
+    result = sentinel.result
+    assert (result["first_nan_epoch"], result["first_nan_step"]) == (1, BAD_BATCH + 1)
+    assert (result["first_nan_where"], result["first_nan_layer"]) == ("forward", "planted_exp")
+    assert result["first_nan_op"].startswith("Exp ")
+    assert len(history.history["loss"]) == 1
+    assert all_weights_finite(model), "no update after the failing step may be applied"
+
+
+@pytest.mark.parametrize("jit_compile", [True, "auto"])
+def test_xla_and_auto_do_not_crash_and_find_the_step(late_data, jit_compile):
+    model = planted_model(jit_compile=jit_compile, steps_per_execution=3)
+    sentinel = NanSentinel()
+    fit(model, late_data, sentinel)
+    result = sentinel.result
+    assert (result["first_nan_epoch"], result["first_nan_step"]) == (1, BAD_BATCH + 1)
+    assert result["first_nan_where"] in ("forward", "loss", "gradient")
+    assert all_weights_finite(model)
+
+
+def test_one_sentinel_is_reusable_across_fit_calls_and_models(late_data):
+    sentinel = NanSentinel()
+    for _ in range(2):
+        model = planted_model()
+        fit(model, late_data, sentinel)
+        assert sentinel.result["first_nan_step"] == BAD_BATCH + 1
+        fit(model, late_data, sentinel)  # the same model again: it fails again, afresh
+        assert sentinel.result["first_nan_step"] == BAD_BATCH + 1
+        assert sentinel.result["first_nan_layer"] == "planted_exp"
+
+
+def test_a_second_sentinel_on_the_same_model_is_not_blind(late_data):
+    model = planted_model()
+    first, second = NanSentinel(), NanSentinel()
+    fit(model, late_data, first)
+    fit(model, late_data, second)
+    assert second.result["first_nan_step"] == BAD_BATCH + 1
+    assert second.result["first_nan_where"] == "forward"
+
+
+def test_it_prints_one_line_when_it_stops(late_data, capsys):
+    fit(planted_model(), late_data, NanSentinel())
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert len(lines) == 1, lines
+    assert lines[0].startswith(f"NanSentinel: epoch 1, step {BAD_BATCH + 1}: nonfinite at forward")
+
+
+def test_raise_error_raises_at_the_first_failure(late_data):
+    with pytest.raises(RuntimeError, match=f"step {BAD_BATCH + 1}: nonfinite at forward"):
+        fit(planted_model(), late_data, NanSentinel(raise_error=True))
+
+
+class RowAttention(keras.Model):
+    """Each row is a node with ``k`` incoming edges; its ``k`` logits start at ``level``.
+
+    Exposes its attention through ``forward`` (docs/plugins.md): the weights ``[rows * k, 1]``
+    and their receivers ``[rows * k]``. With level 88.5 every exp is finite (2.7e38) and
+    their sum is inf: the weights are 0, and nothing else is non-finite.
+    """
+
+    def __init__(self, k=4, level=88.5):
+        super().__init__()
+        self.k = k
+        self.score = keras.layers.Dense(k, name="score", kernel_initializer="zeros")
+        self.score.build((None, k))
+        self.score.bias.assign(np.full(k, level, np.float32))
+        self.out = keras.layers.Dense(1, name="out")
+        self.out.build((None, k))
+
+    def forward(self, x):
+        logits = self.score(x)  # [rows, k]
+        exp = tf.exp(logits)
+        alpha = exp / tf.reduce_sum(exp, axis=1, keepdims=True)
+        rows = tf.shape(x)[0]
+        return {
+            "predictions": self.out(alpha * x),
+            "alpha": [tf.reshape(alpha, [-1, 1])],
+            "logits": [tf.reshape(logits, [-1, 1])],
+            "receivers": [tf.repeat(tf.range(rows), self.k)],
+            "attention_layers": ["row_attention"],
+        }
+
+    def call(self, x):
+        return self.forward(x)["predictions"]
+
+
+@pytest.mark.parametrize("level", [88.5, 0.0])
+def test_attention_normalization_is_checked_where_the_model_exposes_it(late_data, level):
+    x = late_data[0][: 4 * BATCH] * 0
+    model = RowAttention(level=level)
+    model.compile(keras.optimizers.Adam(1e-3), "mse")
+    sentinel = NanSentinel()
+    model.fit(x, x[:, :1], epochs=1, batch_size=BATCH, verbose=0, callbacks=[sentinel])
+    result = sentinel.result
+    if level == 0.0:  # the control: a healthy softmax raises no flag
+        assert result["first_nan_step"] is None
+        return
+    assert (result["first_nan_epoch"], result["first_nan_step"]) == (1, 1)
+    assert (result["first_nan_where"], result["first_nan_layer"]) == ("forward", "row_attention")
+    assert result["failure_kind"] == "normalization"
+    assert result["first_nan_op"].startswith("softmax normalization: weights sum to 0 ")
