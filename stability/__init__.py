@@ -38,6 +38,10 @@ _EXPORTS = {  # public name -> module that defines it
     "get_variant": "model.variants",
     "list_variants": "model.variants",
     "register_variant": "model.variants",
+    "ConformanceReport": "model.conformance",
+    "Implementation": "model.conformance",
+    "assert_segment_softmax_conforms": "model.conformance",
+    "check_segment_softmax": "model.conformance",
 }
 
 __all__ = sorted(_EXPORTS)

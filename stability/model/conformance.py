@@ -150,8 +150,7 @@ def as_implementation(
         out = fn(*_arguments(probe, np.asarray))
     except Exception as exc:
         raise ConformanceError(
-            f"{_name_of(fn, name)} raised {_error(exc)} on a plain input "
-            f"({_describe_input(probe)})"
+            f"{_name_of(fn, name)} raised {_error(exc)} on a plain input ({_describe_input(probe)})"
         ) from None
     if not isinstance(out, np.ndarray | np.generic):
         raise ConformanceError(
@@ -246,7 +245,7 @@ def span_text(span: tuple[float, float] | None, dtype: str) -> str:
     if span is None:
         return "no logit (not even 0)"
     kind = np.dtype(dtype).type
-    return f"[{str(kind(span[0]))}, {str(kind(span[1]))}]"
+    return f"[{kind(span[0])!s}, {kind(span[1])!s}]"  # str: the shortest text for the dtype
 
 
 def check_segment_softmax(
@@ -329,8 +328,7 @@ def _check_probe(impl: Implementation, dtype: str) -> None:
         raise ConformanceError(f"{impl.name} {exc} ({_describe_input(probe)})") from None
     except Exception as exc:
         raise ConformanceError(
-            f"{impl.name} raised {_error(exc)} on a plain {dtype} input "
-            f"({_describe_input(probe)})"
+            f"{impl.name} raised {_error(exc)} on a plain {dtype} input ({_describe_input(probe)})"
         ) from None
 
 
@@ -510,8 +508,7 @@ def _first_bad(
     if gradient:
         text += f", messages {_values(x.messages[members])}"
     return (
-        f"{text}; expected {kind} {_values(expected[members])}, actual "
-        f"{_values(actual[members])}."
+        f"{text}; expected {kind} {_values(expected[members])}, actual {_values(actual[members])}."
     )
 
 
