@@ -227,7 +227,10 @@ class ConformanceReport:
             lines.append(f"{dtype}: finite for logits in {span_text(span, dtype)}")
         for r in self.results:
             lines.append(f"{r.dtype:<8} {r.name:<18} {r.status}")
-        lines += [f"\n{r.counterexample}" for r in self.failures]
+        lines += [
+            f"\n{self.implementation} in {r.dtype} fails {r.name}: {r.counterexample}"
+            for r in self.failures
+        ]
         return "\n".join(lines)
 
 
@@ -352,18 +355,21 @@ def _check_property(
         return PropertyResult(dtype, prop, "not applicable")
     check = _CHECKS[prop]
 
+    prefix = f"{impl.name} in {dtype} fails {prop}: "
+
     @_settings(examples)
     @given(x=softmax_inputs(dtype, mask=impl.takes_mask))
     def search(x: SoftmaxInput) -> None:
         problem = check(impl, x, ulps)
         # Hypothesis shrinks, then raises this assertion again for the smallest input,
         # so the message is the shrunk counterexample's paragraph.
-        assert problem is None, f"{impl.name} in {dtype} fails {prop}: {problem}"
+        assert problem is None, prefix + str(problem)
 
     try:
         search()
     except AssertionError as failure:
-        return PropertyResult(dtype, prop, "fail", str(failure).split("\n")[0])
+        paragraph = str(failure).split("\n")[0].removeprefix(prefix)
+        return PropertyResult(dtype, prop, "fail", paragraph)
     return PropertyResult(dtype, prop, "pass")
 
 

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+from stability.core.limits import exp_limits
 from stability.model.conformance import PROPERTIES, ConformanceReport, span_text
+from stability.model.softmax_inputs import DTYPES
 
 
 def conformance_markdown(
@@ -39,6 +41,17 @@ def conformance_markdown(
                 + " | ".join(cells)
                 + " |"
             )
+    dtypes = sorted({d for r in reports for d in r.finite_logits}, key=DTYPES.index)
+    if dtypes:
+        lines += [
+            "",
+            "For comparison, the `exp` lines of `stability.core.limits` (underflow, overflow): "
+            + "; ".join(
+                f"{d} [{-exp_limits(d).underflow:.2f}, {exp_limits(d).overflow:.2f}]"
+                for d in dtypes
+            )
+            + ".",
+        ]
     lines += ["", "## Failures", ""]
     failures = [(r, f) for r in reports for f in r.failures]
     if not failures:
