@@ -168,3 +168,14 @@ def test_cli_exit_code_follows_the_verdict(capsys):
     assert "fails finite" in capsys.readouterr().out
     assert main(["conformance", "tests.test_conformance:numpy_stable", "--dtype", "float32"]) == 0
     assert "conforms" in capsys.readouterr().out
+
+
+def test_the_markdown_has_a_row_per_dtype_and_each_failure_once():
+    from stability.report.conformance import conformance_markdown
+
+    bad = stability.check_segment_softmax(nan_softmax, dtypes=("float16", "float64"))
+    text = conformance_markdown([bad], {"missing": "ImportError: no module named 'missing'"})
+    assert text.count("| nan_softmax | float16 |") == text.count("| nan_softmax | float64 |") == 1
+    assert text.count("- **nan_softmax, float16, finite**: a non-finite output") == 1
+    assert "- **missing**: ImportError" in text
+    assert "0 of 1 implementations pass every property." in text
