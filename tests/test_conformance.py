@@ -179,3 +179,15 @@ def test_the_markdown_has_a_row_per_dtype_and_each_failure_once():
     assert text.count("- **nan_softmax, float16, finite**: a non-finite output") == 1
     assert "- **missing**: ImportError" in text
     assert "0 of 1 implementations pass every property." in text
+
+
+def test_a_softmax_that_changes_its_mind_fails_rather_than_crashing():
+    calls = iter(range(10**6))
+
+    def flaky(logits, segment_ids, num_segments):
+        # Right on even calls, NaN on odd ones: no input fails twice in a row.
+        out = numpy_stable(logits, segment_ids, num_segments)
+        return out if next(calls) % 2 == 0 else np.full_like(out, np.nan)
+
+    report = stability.check_segment_softmax(flaky, dtypes=("float64",))
+    assert not report.passed
