@@ -486,9 +486,14 @@ def _values(array: np.ndarray) -> str:
     return "[" + ", ".join(str(v) for v in array) + "]"
 
 
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
 def _describe_input(x: SoftmaxInput) -> str:
     text = (
-        f"Input: {len(x.logits)} edges in {x.num_segments} segments, {x.dtype} logits "
+        f"Input: {_count(len(x.logits), 'edge')} in {_count(x.num_segments, 'segment')}, "
+        f"{x.dtype} logits "
         f"{_values(x.logits)}, segment_ids {_values(x.segment_ids)}"
     )
     return text if x.mask is None else f"{text}, mask {_values(x.mask)}"
