@@ -87,7 +87,9 @@ def _arguments(x: SoftmaxInput, convert: Callable[[np.ndarray], Any]) -> list[An
     return args if x.mask is None else [*args, convert(x.mask)]
 
 
-def from_tensorflow(fn: Callable[..., Any], *, name: str | None = None, mask: bool = False):
+def from_tensorflow(
+    fn: Callable[..., Any], *, name: str | None = None, mask: bool = False
+) -> Implementation:
     """An ``Implementation`` of a TensorFlow ``fn``, with gradients by ``tf.GradientTape``."""
     import tensorflow as tf
 
@@ -107,7 +109,9 @@ def from_tensorflow(fn: Callable[..., Any], *, name: str | None = None, mask: bo
     return Implementation(_name_of(fn, name), forward, gradient, mask)
 
 
-def from_numpy(fn: Callable[..., Any], *, name: str | None = None, mask: bool = False):
+def from_numpy(
+    fn: Callable[..., Any], *, name: str | None = None, mask: bool = False
+) -> Implementation:
     """An ``Implementation`` of a NumPy ``fn``; it has no gradients."""
     return Implementation(_name_of(fn, name), lambda x: fn(*_arguments(x, np.asarray)), None, mask)
 
@@ -267,12 +271,14 @@ def check_segment_softmax(
     ``fn`` cannot be checked at all (it raises on a plain input, or returns the wrong shape
     or dtype)."""
     profile = profile or os.environ.get("STABILITY_HYPOTHESIS_PROFILE", "ci")
+    dtypes = (dtypes,) if isinstance(dtypes, str) else tuple(dtypes)
     if profile not in PROFILES:
         raise StabilityError(f"profile {profile!r} is unknown; known: {', '.join(PROFILES)}")
     for dtype in dtypes:
         if dtype not in DTYPES:
             raise StabilityError(f"dtype {dtype!r} is not one of {', '.join(DTYPES)}")
     impl = as_implementation(fn, name=name, mask=mask)
+    mask = mask or impl.takes_mask
     # Derandomized, every property's search draws the same inputs first: compute each once.
     impl = Implementation(
         impl.name,
@@ -289,7 +295,9 @@ def check_segment_softmax(
     return ConformanceReport(impl.name, profile, PROFILES[profile], ulps, tuple(results), spans)
 
 
-def assert_segment_softmax_conforms(fn: Callable[..., Any] | Implementation, **options: Any):
+def assert_segment_softmax_conforms(
+    fn: Callable[..., Any] | Implementation, **options: Any
+) -> ConformanceReport:
     """``check_segment_softmax(fn, **options)``, raising ``AssertionError`` with every
     failure's counterexample when a property fails; for a test suite."""
     report = check_segment_softmax(fn, **options)
