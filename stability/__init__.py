@@ -41,6 +41,10 @@ _EXPORTS = {  # public name -> module that defines it
     "register_variant": "model.variants",
     "register_softmax": "model.softmax",
     "register_logit_transform": "model.logit_transforms",
+    "ConformanceReport": "model.conformance",
+    "Implementation": "model.conformance",
+    "assert_segment_softmax_conforms": "model.conformance",
+    "check_segment_softmax": "model.conformance",
 }
 
 __all__ = sorted(_EXPORTS)

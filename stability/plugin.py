@@ -2,6 +2,9 @@
 
 - The ``stability_run`` fixture trains a case (a file or a ``Case``), records its runs for
   the session's report and returns them, so a test can assert on them.
+- The ``segment_softmax_conformance`` fixture checks a segment softmax at the dtype's
+  limits and fails the test with each shrunk counterexample: one line in a user's suite,
+  ``segment_softmax_conformance(my_softmax)``.
 - ``pytest --stability-report DIR`` writes, at the end of the session, the reports of every
   case run through the fixture: ``<case>.csv``, ``<case>.history.csv``, ``<case>.md`` and
   the plots.
@@ -103,3 +106,13 @@ def stability_run(request: pytest.FixtureRequest) -> Callable[..., list[Any]]:
         return results
 
     return run
+
+
+@pytest.fixture
+def segment_softmax_conformance() -> Callable[..., Any]:
+    """``stability.assert_segment_softmax_conforms``: ``segment_softmax_conformance(fn,
+    dtypes=..., mask=..., profile=...)`` returns the ``ConformanceReport`` and fails the test
+    with every failing property's counterexample (docs/conformance.md)."""
+    from stability.model.conformance import assert_segment_softmax_conforms
+
+    return assert_segment_softmax_conforms
