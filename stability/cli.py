@@ -9,6 +9,7 @@ usage and error, also with exit code 2.
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import sys
 import traceback
