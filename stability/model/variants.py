@@ -25,7 +25,8 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from stability.core.errors import NameNotFound, StabilityError
+from stability.core.errors import NameNotFound
+from stability.core.registration import check_new_name
 from stability.model.losses import robust_loss
 from stability.model.network import GraphNetwork
 
@@ -86,11 +87,7 @@ def register_variant(
         key = name or builder.__name__
         text = description if description is not None else _first_line(builder.__doc__)
         old = _variants.get(key)
-        if old is not None and _qualified(old.build) != _qualified(builder):
-            raise StabilityError(
-                f"variant {key!r} is already registered by {_qualified(old.build)}; "
-                "choose another name"
-            )
+        check_new_name("variant", key, old.build if old is not None else None, builder)
         _variants[key] = Variant(key, text, builder)
         return builder
 
@@ -112,10 +109,6 @@ def list_variants(filter: str | None = None) -> list[Variant]:
 def _first_line(doc: str | None) -> str:
     lines = (doc or "").strip().splitlines()
     return lines[0].strip() if lines else ""
-
-
-def _qualified(fn: Callable[..., Any]) -> str:
-    return f"{fn.__module__}.{fn.__qualname__}"
 
 
 def create_recipe(
