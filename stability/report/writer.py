@@ -220,13 +220,19 @@ _READING_GUIDE = """\
 - **first NaN epoch**: the epoch (from 1) of the first non-finite value, median over the
   runs that hit one, with the range. `-` means no run hit one.
 - **where**: the first stage of the step that was not finite: `forward` (predictions,
-  attention logits or attention weights), `loss`, `gradient` or `weights` (after the
-  update).
+  attention logits or attention weights), `loss`, `gradient`, `weights` (after the
+  update) or `validation`. `(normalization)` after a stage means every value was finite
+  but the attention weights into some node did not sum to 1; `(masked gradient)` means the
+  gradient transform turned a non-finite gradient finite.
 - **final MAE**: validation MAE in the target's own units after the last epoch, for runs that
   stayed finite, median with the interquartile range. **/ best finite**: that median divided
   by the best median of a variant none of whose runs hit a NaN. **MAE before NaN**: the
   validation MAE after the last whole epoch before the NaN.
 - **max abs logit**: the largest |attention logit| seen; {limits}.
+- **warning (finite runs)** (only when some finite run has one): how many of the runs that
+  stayed finite came close to `exp`'s limits, and the first one's warning, which names the
+  line, the value and the margin (or, under XLA, the region where its softmax gradient is
+  finite but wrong).
 - **NaN in input** (only when some run had it): runs whose data held NaN or Inf, allowed by
   the case's `allow_nonfinite_input`; they were not trained and do not count under NaN in.
 """
