@@ -29,6 +29,7 @@ from stability.report.claims_dtype import (
     failure_cause,
     float64_section,
 )
+from stability.report.claims_report import claims_markdown
 from stability.report.writer import read_results
 
 ROOT = Path(__file__).parent.parent
@@ -194,6 +195,17 @@ def test_logits_in_the_hundreds_before_the_failure():
     assert "It reached 1000 in 1 of 3 (seeds 1)." in thousands
     positive = section(*planted(high=150.0))
     assert "positive logits of that size occurred" in positive
+
+
+def test_the_readme_check_still_reads_the_main_verdicts(tmp_path):
+    """test_docs compares README's verdicts with claims.md's: the float64 table is skipped."""
+    from test_docs import verdicts
+
+    frame, history = planted({"stable_softmax": ([None, 90, None], 1.0)})
+    text = claims_markdown(FLOAT32, RULES, "summary", float64=section(frame, history))
+    (tmp_path / "claims.md").write_text(text, encoding="utf-8")
+    assert "| C10 " in text.split("## The seed in float64")[1]
+    assert verdicts(tmp_path / "claims.md") == {v.id: v.verdict for v in FLOAT32}
 
 
 def test_failure_cause_prefers_the_column_and_falls_back():
