@@ -245,6 +245,15 @@ def test_float64_smoke_through_the_command_line(tmp_path):
     assert cli.main([*claims, "--set", "dataset.num_graphs=32"]) == 0
     text = (tmp_path / "claims.md").read_text(encoding="utf-8")
     part = text[text.index("## The seed in float64") :]
-    assert "at dtype float64, variants raw_e, stable_softmax; seeds 0; 2 epochs" in part
+    assert "at dtype float64, variants raw_e, stable_softmax; seeds 0; batch 32" in part
+    assert "learning rate 0.01; 2 epochs" in part
     assert "| C1a " in part and "| C3 " not in part and "C3 (no no_e rows)" in part
     assert "### C11 in float64" in part and "### Logits before the failure" in part
+
+
+def test_rows_at_another_setting_are_not_judged():
+    frame, history = planted()
+    frame["batch_size"] = 128
+    text = section(frame, history)
+    assert "no rows at the seed's setting (batch 32, learning rate 0.01)" in text
+    assert "| C1a " not in text

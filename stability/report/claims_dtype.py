@@ -104,7 +104,13 @@ def float64_section(
             f"only. `{COMMAND}` makes it (`tox -e report` runs it); "
             "`python -m stability claims --no-run --out reports/` then adds this section."
         )
-    rows = frame[frame["batch_size"] == inputs.seed_batch_size]
+    setting = f"batch {inputs.seed_batch_size}, learning rate {inputs.seed_learning_rate:g}"
+    rows = frame[
+        (frame["batch_size"] == inputs.seed_batch_size)
+        & np.isclose(frame["learning_rate"], inputs.seed_learning_rate)
+    ]
+    if rows.empty:
+        return f"{head}\n\n`reports/{CASE}.csv` has no rows at the seed's setting ({setting})."
     f64 = ClaimInputs(
         seed=rows,
         batch_size=None,
@@ -115,13 +121,13 @@ def float64_section(
     )
     raw = rows[rows["variant"] == "raw_e"].sort_values("seed")
     dtypes = ", ".join(sorted(set(rows["dtype"].astype(str))))
-    budget = int(rows["epochs"].max()) if len(rows) else 0
+    budget = int(rows["epochs"].max())
     parts = [
         head,
         f"[{CASE}]({CASE}.md): the seed case's data and model at dtype {dtypes}, variants "
         f"{', '.join(sorted(set(rows['variant'])))}; seeds "
-        f"{', '.join(str(s) for s in sorted(set(rows['seed'])))}; {budget} epochs. The same "
-        "rules as above, float32's verdicts from the table above.",
+        f"{', '.join(str(s) for s in sorted(set(rows['seed'])))}; {setting}; {budget} epochs. "
+        "The same rules as above, float32's verdicts from the table above.",
     ]
     verdicts = judge(f64, rules)
     parts.append(_verdict_table(verdicts, float32, sorted(set(rows["variant"]))))
