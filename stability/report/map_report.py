@@ -22,6 +22,7 @@ matplotlib.use("Agg")  # files only, no display: works headless and in CI
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
+from matplotlib.colors import LogNorm, Normalize
 
 from stability.core.failures import NO_FAILURE, failure_cause, is_silent
 from stability.core.files import atomic_write_text, atomic_writer
@@ -31,7 +32,7 @@ from stability.sweep.map import MapCase, MapRows, boundaries, grid_cells
 #: The heatmaps: file suffix -> (CellStats attribute, title, colour map, value range).
 HEATMAPS = {
     "failure_rate": ("rate", "failure rate (failed runs / runs)", "Reds", (0.0, 1.0)),
-    "mae": ("mae", "median final MAE", "viridis", None),
+    "mae": ("mae", "median final MAE (log colour scale)", "viridis", None),
 }
 
 Row = Mapping[str, object]
@@ -264,9 +265,11 @@ def write_heatmaps(m: MapCase, rows: MapRows, out_dir: Path) -> list[Path]:
         fig, axes = plt.subplots(
             1,
             len(variants),
-            figsize=(1.2 + 0.9 * len(m.scales) * len(variants), 1.3 + 0.45 * len(m.distributions)),
+            figsize=(2.2 + 0.8 * len(m.scales) * len(variants), 1.4 + 0.45 * len(m.distributions)),
             dpi=110,
             squeeze=False,
+            sharey=True,
+            layout="constrained",
         )
         values = np.array(
             [
@@ -276,15 +279,24 @@ def write_heatmaps(m: MapCase, rows: MapRows, out_dir: Path) -> list[Path]:
         )  # [variants, distributions, scales]
         finite = values[np.isfinite(values)]
         vmin, vmax = limits or ((finite.min(), finite.max()) if finite.size else (0.0, 1.0))
+        # MAE spans orders of magnitude between a model that learns and one whose logits
+        # saturate: a log colour scale keeps both readable.
+        log = limits is None and vmin > 0 and vmax > vmin
+        norm = LogNorm(vmin, vmax) if log else Normalize(vmin, vmax)
         for ax, variant, grid in zip(axes[0], variants, values, strict=True):
-            image = ax.imshow(np.ma.masked_invalid(grid), cmap=cmap, vmin=vmin, vmax=vmax)
+            image = ax.imshow(np.ma.masked_invalid(grid), cmap=cmap, norm=norm)
             ax.set_title(variant, fontsize=9)
             ax.set_xticks(range(len(m.scales)), [f"{s:g}" for s in m.scales], fontsize=7)
             ax.set_yticks(range(len(m.distributions)), m.distributions, fontsize=7)
             ax.set_xlabel("scale (largest distance)", fontsize=8)
+            middle = float(norm.inverse(0.5))
             for (i, j), value in np.ndenumerate(grid):
-                ax.text(j, i, _g(value, 2), ha="center", va="center", fontsize=6)
+                # light text on the dark end of the colour map, dark on the light end
+                dark = value > middle if cmap == "Reds" else value < middle
+                color = "white" if np.isfinite(value) and dark else "black"
+                ax.text(j, i, _g(value, 2), ha="center", va="center", fontsize=6, color=color)
         fig.colorbar(image, ax=list(axes[0]), shrink=0.8)
+        # sharey: only the first panel names the distributions
         fig.suptitle(f"{m.name}: {title}", fontsize=10)
         path = out_dir / f"{m.name}.{suffix}.png"
         with atomic_writer(path, "wb") as handle:  # a reader never sees half a PNG
