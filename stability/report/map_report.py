@@ -71,6 +71,10 @@ def cell_stats(m: MapCase, rows: MapRows) -> dict[tuple[str, str, float], CellSt
     return {cell: CellStats(rows.cell(*cell)) for cell in grid_cells(m)}
 
 
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
 def _g(value: float, digits: int = 3) -> str:
     return "-" if math.isnan(value) else f"{value:.{digits}g}"
 
@@ -100,7 +104,8 @@ def _rule(m: MapCase) -> str:
     lo, hi = m.bracket
     return (
         f"A cell fails when at least {m.fail_fraction:g} of its {m.runs_per_cell} runs "
-        f"({m.case.num_datasets} data sets x {len(m.case.seeds)} seeds) failed within "
+        f"({_count(m.case.num_datasets, 'data set')} x {_count(len(m.case.seeds), 'seed')}) "
+        "failed within "
         f"{m.case.epochs} epochs, silent failures included. Each boundary is a bisection over "
         f"the scale in log space: both ends of [{lo:g}, {hi:g}] first, then up to {m.steps} "
         "geometric midpoints (3 significant digits), keeping the half that goes from passing "
@@ -265,7 +270,7 @@ def write_heatmaps(m: MapCase, rows: MapRows, out_dir: Path) -> list[Path]:
         fig, axes = plt.subplots(
             1,
             len(variants),
-            figsize=(2.2 + 0.8 * len(m.scales) * len(variants), 1.4 + 0.45 * len(m.distributions)),
+            figsize=(2.4 + 0.6 * len(m.scales) * len(variants), 1.4 + 0.45 * len(m.distributions)),
             dpi=110,
             squeeze=False,
             sharey=True,
