@@ -1,4 +1,4 @@
-"""``python -m stability run|list|report|compare|claims|conformance``: the command line.
+"""``python -m stability run|map|list|report|compare|claims|conformance``: the command line.
 
 Bad input (a flag, a case file, data, a variant or plugin name, a file that cannot be read
 or written) ends in one line on stderr and exit code 2; ``--debug`` shows the traceback
@@ -45,6 +45,7 @@ def _parser() -> argparse.ArgumentParser:
         help="comma-separated variants to run instead of the case's list",
     )
     _add_run_flags(run)
+    _add_map_parser(sub)
 
     lst = sub.add_parser("list", help="list the registered variants, then the data sets")
     _add_plugin_flag(lst)
@@ -174,6 +175,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         _load_plugins(args.plugin)
         commands = {
             "run": _run,
+            "map": _map,
             "list": _list,
             "report": _report,
             "compare": compare_command,
@@ -267,6 +269,54 @@ def _run_cases(cases: Sequence[Case], args: argparse.Namespace) -> None:
     finally:
         if cluster is not None:
             cluster.shutdown()
+
+
+def _add_map_parser(sub: argparse._SubParsersAction) -> None:
+    mapper = sub.add_parser(
+        "map",
+        help="run map cases: where each variant fails over generated edge distances",
+        description="Train every variant of a map case on K generated data sets per "
+        "(distribution, scale) of its grid, then bisect the scale for each variant and "
+        "distribution to find where at least fail_fraction of the runs fail. Writes "
+        "<map>.csv, <map>.history.csv, <map>.md and the heatmaps <map>.failure_rate.png "
+        "and <map>.mae.png. A map case is a case with a [map] table: distributions, scales, "
+        "bracket = [lo, hi], steps, fail_fraction (docs/map.md); the scale is the largest "
+        "distance a draw can have (max_outlier for outliers, max_distance otherwise).",
+    )
+    mapper.add_argument(
+        "cases", nargs="+", type=Path, metavar="CASE", help="map case TOML files ([map] table)"
+    )
+    _add_run_flags(mapper)
+
+
+def _map(args: argparse.Namespace) -> int:
+    from dataclasses import replace
+
+    from stability.report.map_report import write_map_report
+    from stability.sweep.map import load_map, run_map
+
+    maps = [load_map(path, args.overrides) for path in args.cases]  # all checked first
+    if args.jit_compile:
+        maps = [replace(m, case=replace(m.case, jit_compile=True)) for m in maps]
+    cluster = _cluster([m.case for m in maps], args)
+    try:
+        _check_writable(args.out)
+        for m in maps:
+            rows = run_map(
+                m,
+                args.out,
+                progress=not args.no_progress,
+                resume=args.resume,
+                overwrite=args.overwrite,
+                workers=args.workers,
+                cluster=cluster,
+            )
+            path = write_map_report(m, rows, args.out, _description(m.case))
+            print(f"wrote {args.out / (m.name + '.csv')} and {path}")
+    finally:
+        if cluster is not None:
+            cluster.shutdown()
+    return 0
 
 
 def _cluster(cases: Sequence[Case], args: argparse.Namespace) -> RayCluster | None:

@@ -7,6 +7,7 @@ from conftest import TINY_CASE
 
 from stability.core.errors import CaseError
 from stability.sweep.cases import load_case, parse_case
+from stability.sweep.map import load_map
 from stability.train.trainer import default_dtype
 
 CASES = sorted((Path(__file__).parent.parent / "cases").glob("*.toml"))
@@ -14,6 +15,11 @@ CASES = sorted((Path(__file__).parent.parent / "cases").glob("*.toml"))
 
 @pytest.mark.parametrize("path", CASES, ids=[p.stem for p in CASES])
 def test_shipped_cases_validate(path):
+    if "\n[map]" in path.read_text(encoding="utf-8"):  # a map case (docs/map.md)
+        m = load_map(path)
+        assert m.name == path.stem
+        assert m.runs_per_cell >= 3, "a cell's verdict needs several runs (data sets x seeds)"
+        return
     case = load_case(path)
     assert case.name == path.stem
     assert len(case.seeds) >= 3, "a verdict needs several seeds"

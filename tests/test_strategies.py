@@ -51,7 +51,9 @@ def test_bad_arguments_fail_when_the_strategy_is_built(build, message):
         build()
 
 
-@pytest.mark.parametrize("distribution", [None, "uniform", "log_uniform", "clustered"])
+@pytest.mark.parametrize(
+    "distribution", [None, "uniform", "log_uniform", "clustered", "clustered_low", "clustered_high"]
+)
 def test_distances_stay_in_bounds(distribution):
     # max_outlier = max_value keeps the outliers that "any" (None) may draw in range too.
     strategy = edge_distances(min_size=1, max_size=30, distribution=distribution, max_outlier=4.0)
@@ -60,6 +62,17 @@ def test_distances_stay_in_bounds(distribution):
     def check(distances):
         assert 1 <= distances.size <= 30
         assert ((distances >= 0.5) & (distances <= 4.0)).all(), distances
+
+    check()
+
+
+@pytest.mark.parametrize(
+    ("distribution", "near"), [("clustered_low", 0.5), ("clustered_high", 4.0)]
+)
+def test_clustered_at_a_bound_stays_within_a_tenth_of_the_range_of_it(distribution, near):
+    @given(edge_distances(min_size=1, max_size=30, distribution=distribution))
+    def check(distances):
+        assert (abs(distances - near) <= 0.1 * (4.0 - 0.5) + 1e-12).all(), distances
 
     check()
 

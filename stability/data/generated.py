@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import inspect
+from collections.abc import Mapping
+
 from stability.data.registry import Dataset, register_dataset
 from stability.data.strategies import generated_dataset
 
@@ -31,8 +34,7 @@ def generated(
     (the CSV ``dataset`` column) is a call with every argument; ``dataset_from_key`` rebuilds
     the same graphs from it.
     """
-    args = dict(locals())
-    key = "generated(" + ",".join(f"{name}={value!r}" for name, value in args.items()) + ")"
+    key = generated_key(locals())
     return generated_dataset(
         seed=seed,
         num_graphs=num_graphs,
@@ -51,3 +53,11 @@ def generated(
         max_distance=max_distance,
         max_outlier=max_outlier,
     )
+
+
+def generated_key(params: Mapping[str, object]) -> str:
+    """The key (the CSV ``dataset`` column) of ``generated(**params)``, without drawing it:
+    a call with every argument, defaults filled in, in the signature's order."""
+    signature = inspect.signature(generated).parameters
+    args = {name: params.get(name, p.default) for name, p in signature.items()}
+    return "generated(" + ",".join(f"{name}={value!r}" for name, value in args.items()) + ")"

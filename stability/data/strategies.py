@@ -36,6 +36,12 @@ T = TypeVar("T")
 
 #: The spreads ``edge_distances`` can draw; ``None`` means any of them.
 DISTRIBUTIONS = ("uniform", "log_uniform", "clustered", "outliers")
+#: ``clustered`` with its bound fixed instead of drawn: near ``min_value`` or ``max_value``.
+#: Named only explicitly; ``None`` ("any") still draws from ``DISTRIBUTIONS``, so data sets
+#: drawn before these names existed stay the same.
+CLUSTERED_AT = {"clustered_low": "low", "clustered_high": "high"}
+#: Every name ``distribution`` accepts.
+NAMED_DISTRIBUTIONS = (*DISTRIBUTIONS, *CLUSTERED_AT)
 ATTEND = ("nearest", "farthest")
 
 
@@ -57,6 +63,7 @@ def edge_distances(
             seed's range.
         distribution: ``uniform``; ``log_uniform`` (needs ``min_value > 0``); ``clustered``
             (within a drawn width, at most a tenth of the range, of a drawn bound);
+            ``clustered_low`` and ``clustered_high`` (the same, near that bound);
             ``outliers`` (uniform, plus between one and a tenth of the edges in
             ``[max_value, max_outlier]``); or ``None`` for any of them.
         max_outlier: the largest outlier; defaults to ``10 * max_value``.
@@ -67,9 +74,9 @@ def edge_distances(
     _check_bounds("value", min_value, max_value, lowest=0.0)
     if not math.isfinite(max_outlier) or max_outlier < max_value:
         raise InvalidArgument(f"max_outlier={max_outlier!r} must be finite and >= max_value")
-    if distribution is not None and distribution not in DISTRIBUTIONS:
+    if distribution is not None and distribution not in NAMED_DISTRIBUTIONS:
         raise InvalidArgument(
-            f"distribution={distribution!r} must be one of {', '.join(DISTRIBUTIONS)} or None"
+            f"distribution={distribution!r} must be one of {', '.join(NAMED_DISTRIBUTIONS)} or None"
         )
     if distribution == "log_uniform" and min_value <= 0:
         raise InvalidArgument(f"distribution='log_uniform' needs min_value > 0, got {min_value!r}")
@@ -99,10 +106,16 @@ def _distances(
         # exp(log(high)) can round one ulp past high: clip back into the promised range.
         return logs.map(lambda a: np.clip(np.exp(a), low, high))
     uniform = _array(size, st.floats(low, high))
-    if distribution == "clustered":
+    if distribution == "clustered" or distribution in CLUSTERED_AT:
+        side = CLUSTERED_AT.get(distribution)
+        bound = (
+            st.sampled_from([low, high])
+            if side is None
+            else st.just(low if side == "low" else high)
+        )
         return st.builds(
             _clustered,
-            st.sampled_from([low, high]),
+            bound,
             st.floats(0.0, 0.1),
             _array(size, st.floats(0.0, 1.0)),
             st.just((low, high)),

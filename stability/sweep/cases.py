@@ -138,12 +138,28 @@ def parse_case(
 ) -> Case:
     """Parse and validate case TOML ``text``; ``source`` names it in errors, ``base_dir``
     (default: the working folder) is what relative paths in it are relative to."""
-    try:
-        doc = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise CaseError(f"{source}: not valid TOML: {exc}") from None
+    doc = parse_toml(text, source)
     for override in overrides:
         apply_override(doc, override)
+    return case_from_doc(doc, source, default_name, base_dir, overrides)
+
+
+def parse_toml(text: str, source: str = "<case>") -> dict[str, Any]:
+    """The TOML ``text`` as a dict, or a one-line ``CaseError`` naming ``source``."""
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise CaseError(f"{source}: not valid TOML: {exc}") from None
+
+
+def case_from_doc(
+    doc: dict[str, Any],
+    source: str = "<case>",
+    default_name: str = "case",
+    base_dir: Path | None = None,
+    overrides: Sequence[str] = (),
+) -> Case:
+    """Validate a parsed case ``doc`` (its ``overrides`` already applied, and recorded)."""
     _check_keys(source, "", doc, [*_TOP_LEVEL, *_TABLES])
     for key, value in doc.items():
         if key in _TOP_LEVEL:

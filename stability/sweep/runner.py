@@ -4,7 +4,7 @@ data sets; every variant trains on the same data sets."""
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -108,21 +108,39 @@ def run_case(
             (dataset, variant, config)
             for dataset in datasets
             for variant, config in run_configs(case)
-            if store is None or _key(variant, config, dataset) not in store.done
+            if store is None or config_key(variant, config, dataset) not in store.done
         ]
         on_result = store.add if store is not None else None
-        if cluster is not None or workers > 1 or case.jit_compile:
-            from stability.sweep.workers import XLA_THREADS, run_in_workers
-
-            # XLA's results depend on its thread count: pin it, whatever --workers is.
-            threads = XLA_THREADS if case.jit_compile else None
-            if cluster is not None:
-                return cluster.run(configs, progress, on_result, case.name, threads)
-            return run_in_workers(configs, workers, progress, on_result, case.name, threads)
-        return _run_serially(configs, datasets, progress, on_result, case.name)
+        return execute_runs(
+            configs, datasets, progress, on_result, case.name, workers, cluster, case.jit_compile
+        )
     finally:
         if store is not None:  # also when interrupted: the CSVs show every finished run
             store.finish()
+
+
+def execute_runs(
+    configs: list[tuple[Dataset, str, TrainConfig]],
+    datasets: list[Dataset],
+    progress: bool,
+    on_result: Callable[[RunResult], None] | None,
+    desc: str,
+    workers: int = 1,
+    cluster: RayCluster | None = None,
+    jit_compile: bool = False,
+) -> list[RunResult]:
+    """Train ``configs`` (data set, variant, config) serially, in ``workers`` processes or
+    on ``cluster``, as ``run_case`` describes; ``datasets`` number the data sets in the
+    progress output. Returns the results in the order of ``configs``."""
+    if cluster is not None or workers > 1 or jit_compile:
+        from stability.sweep.workers import XLA_THREADS, run_in_workers
+
+        # XLA's results depend on its thread count: pin it, whatever --workers is.
+        threads = XLA_THREADS if jit_compile else None
+        if cluster is not None:
+            return cluster.run(configs, progress, on_result, desc, threads)
+        return run_in_workers(configs, workers, progress, on_result, desc, threads)
+    return _run_serially(configs, datasets, progress, on_result, desc)
 
 
 def _run_serially(configs, datasets, progress, on_result, desc) -> list[RunResult]:
@@ -174,5 +192,6 @@ def _check_same_data(store: RunStore, datasets: list[Dataset]) -> None:
         )
 
 
-def _key(variant: str, config: TrainConfig, dataset: Dataset) -> tuple[str, ...]:
+def config_key(variant: str, config: TrainConfig, dataset: Dataset) -> tuple[str, ...]:
+    """The store key of a run of ``variant`` with ``config`` on ``dataset``."""
     return run_key({**vars(config), "variant": variant, "dataset": dataset.key})

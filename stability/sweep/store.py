@@ -157,6 +157,14 @@ class RunStore:
             with folder_lock(self.out_dir):
                 self._render()
 
+    def rows(self) -> list[dict[str, str]]:
+        """Every result row in the store (this process's and others'), spelled as the CSV
+        spells them, in the CSV's order."""
+        cursor = self._db.execute(
+            f"SELECT {', '.join(map(_q, RESULT_FIELDS))} FROM results ORDER BY {_order(RUN_KEY)}"
+        )
+        return [dict(zip(RESULT_FIELDS, row, strict=True)) for row in cursor]
+
     def finish(self) -> None:
         """Render both CSVs from every run in the store (this process's and others'), then
         close the database."""
@@ -256,15 +264,19 @@ def _render_table(
 ) -> None:
     """Replace ``path`` with ``table`` as CSV, rows sorted by ``key`` (numbers as numbers;
     text by code point, as Python sorts it: SQLite compares TEXT as UTF-8 bytes)."""
-    order = ", ".join(
-        f"CAST({_q(n)} AS {_SQL_TYPES[_NUMERIC_KEY[n]]})" if n in _NUMERIC_KEY else _q(n)
-        for n in key
-    )
-    cursor = db.execute(f"SELECT {', '.join(map(_q, fields))} FROM {table} ORDER BY {order}")
+    cursor = db.execute(f"SELECT {', '.join(map(_q, fields))} FROM {table} ORDER BY {_order(key)}")
     with atomic_writer(path) as handle:
         writer = csv.writer(handle, lineterminator="\n")
         writer.writerow(fields)
         writer.writerows(cursor)
+
+
+def _order(key: Sequence[str]) -> str:
+    """An ORDER BY clause for ``key``: numbers as numbers, text as text."""
+    return ", ".join(
+        f"CAST({_q(n)} AS {_SQL_TYPES[_NUMERIC_KEY[n]]})" if n in _NUMERIC_KEY else _q(n)
+        for n in key
+    )
 
 
 def _cell(value: object) -> str:

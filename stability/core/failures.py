@@ -1,0 +1,57 @@
+"""A run's failure cause, read from its result row: the one place that derives it.
+
+Issue 21 adds a ``failure_cause`` column; a row that has it is read as it says. A row
+without it (an older CSV, or before that column lands) is read from the columns of today:
+``failure_kind`` names the silent failures (attention weights not summing to 1, a
+non-finite gradient masked by the transform), and otherwise a ``first_nan_epoch`` means a
+non-finite value, in the stage ``first_nan_where`` names.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+
+#: The cause of a run without a failure.
+NO_FAILURE = "none"
+
+#: Causes that are failures without a NaN or Inf anywhere in the step (issue 11).
+SILENT_CAUSES = frozenset({"normalization", "masked gradient"})
+
+#: ``failure_kind`` values of today's rows that name a silent failure, and their cause.
+_SILENT_KINDS = {"normalization": "normalization", "masked_gradient": "masked gradient"}
+
+
+def _text(row: Mapping[str, object], column: str) -> str:
+    """The cell as text; empty for a missing column, None and NaN (pandas' empty cell)."""
+    value = row.get(column)
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return ""
+    return str(value).strip()
+
+
+def failure_cause(row: Mapping[str, object]) -> str:
+    """What made the run of ``row`` (a result row, a dict or a pandas row) fail, or
+    ``"none"``: ``failure_cause`` when the row has it, else derived from ``failure_kind``,
+    ``first_nan_epoch`` and ``first_nan_where``."""
+    cause = _text(row, "failure_cause")
+    if cause:
+        return cause
+    kind = _text(row, "failure_kind")
+    if kind in _SILENT_KINDS:
+        return _SILENT_KINDS[kind]
+    if kind == "input" or _text(row, "first_nan_where") == "input":
+        return "input"
+    if _text(row, "first_nan_epoch"):
+        return _text(row, "first_nan_where") or "non-finite"
+    return NO_FAILURE
+
+
+def failed(row: Mapping[str, object]) -> bool:
+    """Whether the run of ``row`` failed within its budget, silently or not."""
+    return failure_cause(row) != NO_FAILURE
+
+
+def is_silent(cause: str) -> bool:
+    """Whether ``cause`` is a failure without a non-finite value."""
+    return cause in SILENT_CAUSES
