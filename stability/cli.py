@@ -397,8 +397,9 @@ def _add_claims_parser(sub: argparse._SubParsersAction) -> None:
 def _claims(args: argparse.Namespace) -> int:
     from stability.core.files import atomic_write_text
     from stability.report.claims import ClaimInputs, Rules, judge
+    from stability.report.claims_dtype import CASE, float64_section
     from stability.report.claims_report import claims_markdown, molecules_section, summary
-    from stability.report.writer import read_results
+    from stability.report.writer import read_history, read_results
     from stability.sweep.cases import load_case
     from stability.sweep.runner import case_datasets
 
@@ -425,7 +426,15 @@ def _claims(args: argparse.Namespace) -> int:
     path = args.out / "claims.md"
     molecules_csv = args.out / "g2_molecules.csv"
     molecules = molecules_section(read_results(molecules_csv) if molecules_csv.exists() else None)
-    text = claims_markdown(verdicts, rules, summary(verdicts, inputs, rules), molecules)
+    float64_csv = args.out / f"{CASE}.csv"
+    float64 = float64_section(
+        read_results(float64_csv) if float64_csv.exists() else None,
+        read_history(args.out / f"{CASE}.history.csv"),
+        verdicts,
+        inputs,
+        rules,
+    )
+    text = claims_markdown(verdicts, rules, summary(verdicts, inputs, rules), molecules, float64)
     atomic_write_text(path, text)
     print(f"wrote {path}")
     return 0

@@ -223,13 +223,14 @@ def test_readme_holds_both_commands_verbatim():
 
 
 def verdicts(path: Path) -> dict[str, str]:
-    """claim id -> verdict, from a markdown table with an ``id`` and a ``verdict`` column."""
+    """claim id -> verdict, from a markdown table with an ``id`` and a ``verdict`` column
+    (other tables with an ``id`` column, such as claims.md's float64 one, are skipped)."""
     found, column = {}, None
     for line in path.read_text(encoding="utf-8").splitlines():
         cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
         if line.startswith("|") and cells[0] == "id":
-            column = cells.index("verdict")
-        elif line.startswith("|") and re.fullmatch(r"C\d+[ab]?", cells[0]):
+            column = cells.index("verdict") if "verdict" in cells else None
+        elif line.startswith("|") and column is not None and re.fullmatch(r"C\d+[ab]?", cells[0]):
             found[cells[0]] = cells[column]
     return found
 

@@ -53,6 +53,13 @@ def test_float32_values_and_the_nearer_line():
     assert limits.nearest == ("underflow", limits.underflow)
 
 
+def test_float64_values_the_seed_and_claims_md_name():
+    """The seed's "e^709": float64's overflow line, and its whole-segment underflow line."""
+    limits = exp_limits("float64")
+    assert round(limits.overflow, 2) == 709.78 and round(limits.underflow, 2) == 708.40
+    assert limits.nearest == ("underflow", limits.underflow)
+
+
 def test_unknown_dtype_is_a_stability_error():
     with pytest.raises(StabilityError, match="float dtype"):
         exp_limits("int8x")

@@ -28,9 +28,10 @@ from stability.report.summary import settings
 
 
 def claims_markdown(
-    verdicts: list[Verdict], rules: Rules, summary: str, molecules: str = ""
+    verdicts: list[Verdict], rules: Rules, summary: str, molecules: str = "", float64: str = ""
 ) -> str:
-    """``reports/claims.md``: the rules, one row per claim, and what it means."""
+    """``reports/claims.md``: the rules, one row per claim, what it means, and the sections
+    on the float64 case (``claims_dtype.float64_section``) and the molecules."""
     table = pd.DataFrame(
         [
             {
@@ -59,6 +60,7 @@ def claims_markdown(
         table.to_markdown(index=False),
         "## What this means",
         summary,
+        float64,
         molecules,
     ]
     return "\n\n".join(p for p in parts if p) + "\n"
