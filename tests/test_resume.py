@@ -22,7 +22,8 @@ from stability.sweep.store import store_path
 
 ROOT = Path(__file__).parent.parent
 TWO_SEEDS = TINY_CASE.replace("seeds = [0]", "seeds = [0, 1]")  # 4 runs
-# The run writes the plots too (issue 5): `<case>.logits.png` and `<case>.mae.png`.
+# The run writes the plots too (issue 5): `<case>.logits.png`, `<case>.mae.png` and
+# (issue 21) `<case>.grads.png`.
 EXPECTED_FILES = sorted(
     [
         LOCK_NAME,
@@ -30,6 +31,7 @@ EXPECTED_FILES = sorted(
         "tiny.history.csv",
         "tiny.md",
         "tiny.logits.png",
+        "tiny.grads.png",
         "tiny.mae.png",
         "tiny.runs.sqlite",  # the store the CSVs are rendered from (issue 17)
     ]

@@ -89,11 +89,15 @@ def test_it_prints_one_line_when_it_stops(late_data, capsys):
     fit(planted_model(), late_data, NanSentinel())
     lines = capsys.readouterr().out.strip().splitlines()
     assert len(lines) == 1, lines
-    assert lines[0].startswith(f"NanSentinel: epoch 1, step {BAD_BATCH + 1}: nonfinite at forward")
+    assert lines[0].startswith(
+        f"NanSentinel: epoch 1, step {BAD_BATCH + 1}: nonfinite (forward overflow) at forward"
+    )
 
 
 def test_raise_error_raises_at_the_first_failure(late_data):
-    with pytest.raises(RuntimeError, match=f"step {BAD_BATCH + 1}: nonfinite at forward"):
+    with pytest.raises(
+        RuntimeError, match=rf"step {BAD_BATCH + 1}: nonfinite \(forward overflow\) at forward"
+    ):
         fit(planted_model(), late_data, NanSentinel(raise_error=True))
 
 

@@ -36,6 +36,11 @@ RESULT_FIELDS = (
     "max_exp_arg",
     "min_node_max_logit",
     "warning",
+    # Appended by issue 21: what kind of failure it was (stability.train.cause), and the
+    # failing step's raw gradient norm and largest |gradient|.
+    "failure_cause",
+    "failure_grad_norm",
+    "failure_max_abs_grad",
 )
 
 #: The columns that say whether, when and where a run's first NaN happened.
@@ -66,6 +71,8 @@ HISTORY_FIELDS = (
     "min_node_max_logit",
     "exp_overflow_line",
     "exp_underflow_line",
+    # Appended by issue 21: the largest |raw gradient| of the epoch, beside grad_norm.
+    "max_abs_grad",
 )
 
 #: Columns a CSV written before issue 14 lacks; ``report``/``compare``/``claims`` read such
@@ -94,6 +101,8 @@ class EpochRecord:
     #: The largest exp argument and the smallest per-node max logit, signed.
     max_exp_arg: float = math.nan
     min_node_max_logit: float = math.nan
+    #: The largest |raw gradient| over the epoch's finite steps.
+    max_abs_grad: float = math.nan
 
 
 @dataclass
@@ -129,6 +138,13 @@ class RunResult:
     min_node_max_logit: float | None = None
     #: Why a finite run is still suspect (near exp's limits), or None.
     warning: str | None = None
+    #: What kind of failure the first one was (``stability.train.cause.CAUSES``): e.g.
+    #: ``forward underflow (0/0)``, ``gradient explosion``; ``none`` without one.
+    failure_cause: str | None = None
+    #: The failing step's global norm and largest |value| of the raw gradients (None where
+    #: not finite, or without a failing step).
+    failure_grad_norm: float | None = None
+    failure_max_abs_grad: float | None = None
     history: list[EpochRecord] = field(default_factory=list, repr=False)
 
     @property
@@ -144,6 +160,8 @@ class RunResult:
             outcome = f"not trained, non-finite input ({self.first_nan_layer})"
         else:
             outcome = f"NaN at epoch {self.first_nan_epoch}" if self.hit_nan else "finite"
+            if self.hit_nan and self.failure_cause and self.failure_kind == "nonfinite":
+                outcome += f" ({self.failure_cause})"
             if self.failure_kind in _OUTCOMES:
                 outcome = f"{_OUTCOMES[self.failure_kind]} at epoch {self.first_nan_epoch}"
             if self.first_nan_where == "validation":

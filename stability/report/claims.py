@@ -54,10 +54,14 @@ class Rules:
             f"the NaN (lowest median final MAE among the avoiders).\n"
             f"- **where** (C11a): the first non-finite value of every failing `raw_e` run is in "
             f"the forward stage, at an op of the attention softmax (`softmax_exp` or "
-            f"`softmax_div`), not in the loss, the gradients or the update.\n"
-            f"- **mechanism** (C11b): `exp` overflow when that op is the softmax's `exp` (it "
-            f"returned inf); underflow when it is the softmax's division while its `exp` stayed "
-            f"finite: every `exp` into a node flushed to 0 and the division computed 0/0."
+            f"`softmax_div`), and its failure cause is a forward one, not a gradient "
+            f'explosion, a loss or an optimizer failure (docs/findings.md, "Reading the '
+            f'failure cause").\n'
+            f"- **mechanism** (C11b): read off the failure cause: every failing `raw_e` run a "
+            f"`forward overflow` (an `exp` returned inf) or every one a `forward underflow "
+            f"(0/0)` (every `exp` into a node flushed to 0 and the division computed 0/0). Rows "
+            f"older than the cause column are read by their op: the softmax's `exp` is an "
+            f"overflow, its division (with `exp` finite) an underflow."
         )
 
 
@@ -76,6 +80,8 @@ class Stats:
     wheres: tuple[str, ...]
     ops: tuple[str, ...]
     dtype: str = "float32"
+    #: The failing runs' ``failure_cause`` values (empty for rows older than the column).
+    causes: tuple[str, ...] = ()
 
     @property
     def median_epoch(self) -> float:
@@ -124,6 +130,7 @@ def setting_stats(
         max_logit=s.median("max_abs_logit"),
         wheres=s.wheres(),
         ops=s.ops(),
+        causes=s.causes(),
         dtype=str(rows["dtype"].iloc[0]) if "dtype" in rows else "float32",
     )
 
@@ -434,22 +441,36 @@ def _softmax_ops(raw: Stats) -> bool:
     return bool(raw.ops) and all("softmax_exp" in op or "softmax_div" in op for op in raw.ops)
 
 
+#: The failure causes of a forward failure (``stability.train.cause``).
+FORWARD_CAUSES = ("forward overflow", "forward underflow (0/0)", "forward")
+
+
 def _where_claim(raw: Stats, report: str) -> Verdict:
     if not raw.nans:
         return _verdict("C11a", None, raw.describe(), "raw_e never hit a NaN.", report)
     numbers = f"stage: {', '.join(raw.wheres)}; op: {', '.join(raw.ops) or '-'}"
-    holds = raw.wheres == ("forward",) and _softmax_ops(raw)
+    if raw.causes:
+        numbers += f"; cause: {', '.join(raw.causes)}"
+    forward_causes = all(c in FORWARD_CAUSES for c in raw.causes)
+    holds = raw.wheres == ("forward",) and _softmax_ops(raw) and forward_causes
     why = ""
     if not holds:
+        cause = f" (cause: {', '.join(raw.causes)})" if raw.causes else ""
         why = (
             f"The first non-finite value came from {', '.join(raw.ops) or 'no named op'} in "
-            f"the {', '.join(raw.wheres)} stage, not from the forward softmax."
+            f"the {', '.join(raw.wheres)} stage{cause}, not from the forward softmax."
         )
     return _verdict("C11a", holds, numbers, why, report)
 
 
 def mechanism(raw: Stats) -> str | None:
-    """ "overflow", "underflow" or None (another op, or a mix), by the C11b rule."""
+    """ "overflow", "underflow" or None (another cause, or a mix), by the C11b rule."""
+    if raw.causes:
+        if raw.causes == ("forward overflow",):
+            return "overflow"
+        if raw.causes == ("forward underflow (0/0)",):
+            return "underflow"
+        return None
     if not raw.ops or raw.wheres != ("forward",):
         return None
     if all("softmax_exp" in op for op in raw.ops):
@@ -463,8 +484,9 @@ def _mechanism_claim(raw: Stats, report: str) -> Verdict:
     if not raw.nans:
         return _verdict("C11b", None, raw.describe(), "raw_e never hit a NaN.", report)
     limits = exp_limits(raw.dtype)
+    cause = f"cause: {', '.join(raw.causes)}; " if raw.causes else ""
     numbers = (
-        f"op: {', '.join(raw.ops) or '-'}; max abs logit {raw.max_logit:.1f}; {raw.dtype} "
+        f"{cause}op: {', '.join(raw.ops) or '-'}; max abs logit {raw.max_logit:.1f}; {raw.dtype} "
         f"exp overflows above +{limits.overflow:.2f} and a node's whole segment flushes to 0 "
         f"below -{limits.underflow:.2f}"
     )
@@ -477,9 +499,10 @@ def _mechanism_claim(raw: Stats, report: str) -> Verdict:
             f"{'above' if raw.max_logit > limits.overflow else 'below'} the overflow line."
         )
     elif found is None:
+        cause = f" (cause: {', '.join(raw.causes)})" if raw.causes else ""
         why = (
             f"The first non-finite value came from {', '.join(raw.ops) or 'no named op'} in "
-            f"the {', '.join(raw.wheres)} stage, not from the softmax's exp."
+            f"the {', '.join(raw.wheres)} stage{cause}, not from the softmax's exp."
         )
     return _verdict("C11b", found == "overflow", numbers, why, report)
 

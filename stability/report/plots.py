@@ -3,10 +3,14 @@
 - ``<case>.logits.png``: max |attention logit| per epoch, one line per run, coloured by
   variant, with the ``exp`` overflow and flush-to-zero underflow lines of the dtype.
 - ``<case>.mae.png``: validation MAE per epoch, the same way.
+- ``<case>.grads.png``: the largest |raw gradient| per epoch, log scale, with the line above
+  which an optimizer's ``g * g`` overflows: a gradient explosion builds up toward it, a
+  forward overflow does not (histories older than the column have no such plot).
 """
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import matplotlib
@@ -14,6 +18,7 @@ import matplotlib
 matplotlib.use("Agg")  # files only, no display: works headless and in CI
 
 import matplotlib.pyplot as plt
+import numpy as np
 import pandas as pd
 
 from stability.core.files import atomic_writer
@@ -23,6 +28,7 @@ from stability.core.limits import exp_limits
 PLOTS = {
     "logits": ("max_abs_logit", "max |attention logit| over the epoch (sign lost)", False),
     "mae": ("val_mae", "validation MAE (target units)", True),
+    "grads": ("max_abs_grad", "max |raw gradient| over the epoch", True),
 }
 
 
@@ -41,10 +47,14 @@ def write_plots(
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = []
     for suffix, (column, label, log) in PLOTS.items():
+        if column not in history or not history[column].notna().any():
+            continue
         fig, ax = plt.subplots(figsize=(9, 5), dpi=110)
         _draw_runs(ax, history, column, nan_runs)
         if suffix == "logits":
             _draw_limits(ax, dtype)
+        if suffix == "grads":
+            _draw_explosion_line(ax, dtype)
         if log:
             ax.set_yscale("log")
         ax.set_xlabel("epoch")
@@ -88,6 +98,19 @@ def _draw_runs(ax: plt.Axes, history: pd.DataFrame, column: str, nan_runs: froze
                 marker="x" if nan else None,
                 markevery=[len(run) - 1],
             )
+
+
+def _draw_explosion_line(ax: plt.Axes, dtype: str) -> None:
+    # The gradients' dtype: a mixed policy keeps float32 weights and gradients.
+    storage = "float32" if dtype.startswith("mixed_") else dtype
+    line = math.sqrt(float(np.finfo(np.dtype(storage)).max))
+    ax.axhline(
+        line,
+        color="black",
+        linestyle="--",
+        linewidth=1,
+        label=f"{storage} g * g overflows, |g| > {line:.3g}",
+    )
 
 
 def _draw_limits(ax: plt.Axes, dtype: str) -> None:

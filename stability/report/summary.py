@@ -99,6 +99,14 @@ class Setting:
     def ops(self) -> tuple[str, ...]:
         return tuple(sorted(set(self.rows.loc[self.training_nan, "first_nan_op"].dropna())))
 
+    def causes(self) -> tuple[str, ...]:
+        """The ``failure_cause`` of the runs' first failures in training, sorted; empty for
+        rows written before the column existed (issue 21)."""
+        if "failure_cause" not in self.rows:
+            return ()
+        found = self.rows.loc[self.training_nan, "failure_cause"].dropna()
+        return tuple(sorted({c for c in found if isinstance(c, str) and c}))
+
     @property
     def stayed_finite(self) -> bool:
         """No run hit a NaN in training."""

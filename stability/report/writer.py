@@ -89,6 +89,7 @@ def summary_table(frame: pd.DataFrame) -> pd.DataFrame:
                 "NaN in": f"{s.nan_runs}/{s.runs}",
                 "first NaN epoch, median [min-max]": _median_range(s.nan_epochs),
                 "where": ", ".join(s.wheres()) or "-",
+                "cause": _causes(s),
                 "final MAE, median [IQR]": _median_iqr(s.final_maes),
                 "final MAE / best finite": _relative(s, best),
                 "best MAE, median": _median(s.rows["best_mae"]),
@@ -101,6 +102,8 @@ def summary_table(frame: pd.DataFrame) -> pd.DataFrame:
     table = pd.DataFrame(rows)
     if (frame["first_nan_where"] != "input").all():
         table = table.drop(columns="NaN in input")
+    if (table["cause"] == "-").all():  # rows older than the column, or no failure
+        table = table.drop(columns="cause")
     if (table["warning (finite runs)"] == "-").all():
         table = table.drop(columns="warning (finite runs)")
     # Settings that do not vary in the case are stated once above the table, not per row.
@@ -108,6 +111,16 @@ def summary_table(frame: pd.DataFrame) -> pd.DataFrame:
         if table[column].nunique() == 1:
             table = table.drop(columns=column)
     return table
+
+
+def _causes(s: Setting) -> str:
+    """The failing runs' causes with their counts: ``forward underflow (0/0) 3/3``."""
+    if "failure_cause" not in s.rows:
+        return "-"
+    found = s.rows.loc[s.training_nan, "failure_cause"].dropna()
+    found = found[found.astype(str) != ""]
+    counts = found.value_counts()
+    return ", ".join(f"{cause} {n}/{s.runs}" for cause, n in sorted(counts.items())) or "-"
 
 
 def _warnings(s: Setting) -> str:
@@ -209,6 +222,11 @@ def _history_sections(frame: pd.DataFrame, history: pd.DataFrame, case: str) -> 
         "## Plots",
         f"![max |attention logit| per epoch]({case}.logits.png)",
         f"![validation MAE per epoch]({case}.mae.png)",
+        *(
+            [f"![max |raw gradient| per epoch]({case}.grads.png)"]
+            if "max_abs_grad" in history and history["max_abs_grad"].notna().any()
+            else []
+        ),
     ]
 
 
@@ -224,6 +242,11 @@ _READING_GUIDE = """\
   update) or `validation`. `(normalization)` after a stage means every value was finite
   but the attention weights into some node did not sum to 1; `(masked gradient)` means the
   gradient transform turned a non-finite gradient finite.
+- **cause** (only for rows that have it): what kind of failure each failing run's first
+  one was, with counts: `forward overflow`, `forward underflow (0/0)`, `forward`, `loss`,
+  `gradient explosion`, `non-finite gradient op`, `optimizer`, or a silent kind; the rule
+  that decides it is in docs/findings.md, "Reading the failure cause". Clipping answers a
+  gradient explosion, not a forward overflow or underflow.
 - **final MAE**: validation MAE in the target's own units after the last epoch, for runs that
   stayed finite, median with the interquartile range. **/ best finite**: that median divided
   by the best median of a variant none of whose runs hit a NaN. **MAE before NaN**: the

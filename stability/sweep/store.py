@@ -221,6 +221,14 @@ def _connect(path: Path) -> sqlite3.Connection:
                     f"CREATE TABLE IF NOT EXISTS {table} ({columns}, PRIMARY KEY ({primary}))"
                 )
                 found = tuple(r[1] for r in db.execute(f"PRAGMA table_info({table})"))
+                if found == tuple(fields[: len(found)]):
+                    # A store of an older version: columns are only ever appended, so
+                    # its rows gain the new ones, empty (as an old CSV is read).
+                    for name in fields[len(found) :]:
+                        db.execute(
+                            f"ALTER TABLE {table} ADD COLUMN {_q(name)} TEXT NOT NULL DEFAULT ''"
+                        )
+                    found = tuple(fields)
                 if found != tuple(fields):
                     raise StabilityError(
                         f"{path}: not a run store of this version; its {table} table has "

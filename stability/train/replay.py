@@ -17,11 +17,12 @@ non-finite for.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import keras
+import numpy as np
 import tensorflow as tf
 
 from stability.train.keras_layers import layer_names
@@ -41,18 +42,52 @@ _OP = re.compile(r'of (?:graph )?op "(\w+)"')
 _INPUT = re.compile(r'Tensor\("([^"]+)"')
 
 
+#: Ops that divide, with the index of their denominator input: a non-finite output where
+#: the denominator is 0 is a division by zero (0/0 or x/0), not an overflow.
+DENOMINATOR = {
+    "RealDiv": 1,
+    "Div": 1,
+    "DivNoNan": 1,
+    "Xdivy": 1,
+    "FloorDiv": 1,
+    "Reciprocal": 0,
+    "Inv": 0,
+    "SqrtGrad": 0,  # dy * 0.5 / y
+}
+
+
+@dataclass(frozen=True)
+class OpEvidence:
+    """What the first non-finite op computed, read by running the step again unchecked.
+
+    ``has_nan`` / ``has_inf``: its output holds NaN / +-Inf; ``inputs_finite``: every float
+    input was finite (so this op made the first non-finite value); ``zero_denominator``: a
+    dividing op (``DENOMINATOR``) whose denominator is 0 where the output is not finite.
+    """
+
+    op_type: str
+    has_nan: bool
+    has_inf: bool
+    inputs_finite: bool
+    zero_denominator: bool
+
+
 @dataclass(frozen=True)
 class NanSite:
     """Where a first non-finite value came from.
 
     ``where`` is one of ``forward``, ``loss``, ``gradient``, ``weights``; ``layer`` is the
     Keras layer path (``message_passing_0/net``) or None; ``op`` the TensorFlow op type with
-    its node name, e.g. ``Exp (softmax_exp)``.
+    its node name, e.g. ``Exp (softmax_exp)``. ``evidence`` holds the failing op's values
+    (None where the op could not be run again, e.g. under XLA); ``max_abs_grad`` the largest
+    |gradient| of the weight an optimizer update failed for.
     """
 
     where: str
     layer: str | None = None
     op: str | None = None
+    evidence: OpEvidence | None = field(default=None, compare=False)
+    max_abs_grad: float | None = field(default=None, compare=False)
 
 
 def replay_step(
@@ -110,21 +145,268 @@ def transform_name(gradient_transform: Any) -> str:
 def _checked(
     fn: Callable[[Any], Any], inputs: Any, known_layers: set[str], gradient_transform: Any
 ) -> NanSite | None:
+    error = _first_check_error(fn, inputs)
+    if error is None:
+        return None
+    message, graph = error
+    site = site_from_error(message, known_layers, graph)
+    node = failing_node(message, graph)
+    if gradient_transform is not None and node and TRANSFORM_SCOPE in node:
+        name = transform_name(gradient_transform)
+        site = NanSite("gradient", None, f"{site.op} in gradient transform {name}")
+    evidence = probe_op(fn, inputs, node) if node else None
+    return NanSite(site.where, site.layer, site.op, evidence)
+
+
+def _first_check_error(fn: Callable[[Any], Any], inputs: Any) -> tuple[str, tf.Graph] | None:
+    """Run ``fn(inputs)`` traced afresh with every op checked: the error's message and the
+    traced graph, or None if every op stayed finite."""
     traced = tf.function(fn, jit_compile=False)
     tf.debugging.enable_check_numerics()
     try:
         traced(inputs)
     except tf.errors.InvalidArgumentError as error:
-        graph = traced.get_concrete_function(inputs).graph
-        site = site_from_error(str(error), known_layers, graph)
-        node = failing_node(str(error), graph)
-        if gradient_transform is not None and node and TRANSFORM_SCOPE in node:
-            name = transform_name(gradient_transform)
-            site = NanSite("gradient", None, f"{site.op} in gradient transform {name}")
-        return site
+        return str(error), traced.get_concrete_function(inputs).graph
     finally:
         tf.debugging.disable_check_numerics()
     return None
+
+
+def probe_op(fn: Callable[[Any], Any], inputs: Any, node: str) -> OpEvidence | None:
+    """Run ``fn(inputs)`` again, unchecked, and read the values of op ``node``.
+
+    A fresh trace of the same function names its ops as the checked trace did (the check
+    ops go into each op's own scope), so the node is found by name. None where it is not
+    (or sits inside a control-flow branch, whose tensors cannot be returned).
+    """
+
+    def probed(batch: Any) -> list[tf.Tensor]:
+        fn(batch)
+        try:
+            op = tf.compat.v1.get_default_graph().get_operation_by_name(node)
+        except (KeyError, ValueError):
+            return []
+        return [tf.identity(t) for t in (*op.inputs, *op.outputs[:1]) if t.dtype.is_floating]
+
+    try:
+        traced = tf.function(probed, jit_compile=False)
+        values = [np.asarray(v) for v in traced(inputs)]
+        graph = traced.get_concrete_function(inputs).graph
+        op_type = graph.get_operation_by_name(node).type
+    except (ValueError, KeyError, TypeError, tf.errors.OpError):
+        return None
+    return evidence_from(op_type, values, _denominator_position(graph, node)) if values else None
+
+
+def _denominator_position(graph: tf.Graph, node: str) -> int | None:
+    """The position of a dividing op's denominator among its float inputs, or None."""
+    op = graph.get_operation_by_name(node)
+    index = DENOMINATOR.get(op.type)
+    if index is None or index >= len(op.inputs):
+        return None
+    floats = [k for k, t in enumerate(op.inputs) if t.dtype.is_floating]
+    return floats.index(index) if index in floats else None
+
+
+def evidence_from(
+    op_type: str, values: Sequence[np.ndarray], denominator: int | None
+) -> OpEvidence:
+    """``OpEvidence`` from an op's float inputs and its output (the last of ``values``)."""
+    *operands, out = (np.asarray(v) for v in values)
+    bad = ~np.isfinite(out)
+    zero = False
+    if denominator is not None:
+        below = operands[denominator]
+        try:
+            zero = bool(np.any((np.broadcast_to(below, out.shape) == 0) & bad))
+        except ValueError:  # shapes that do not broadcast: any zero denominator
+            zero = bool(np.any(below == 0))
+    return OpEvidence(
+        op_type=op_type,
+        has_nan=bool(np.isnan(out).any()),
+        has_inf=bool(np.isinf(out).any()),
+        inputs_finite=all(bool(np.isfinite(v).all()) for v in operands),
+        zero_denominator=zero,
+    )
+
+
+#: Ops that write a variable: where an optimizer's computed value lands.
+_WRITES = ("AssignAddVariableOp", "AssignSubVariableOp", "AssignVariableOp")
+#: How many ops forward (to the write) or back (to a gradient) the update walk looks.
+_UPDATE_WALK_DEPTH = 12
+#: What a Keras optimizer's slot holds, for the report (Adam's ``momentum`` is its first
+#: moment; SGD's and RMSprop's is a momentum buffer, named as it is).
+SLOT_WORDS = {"velocity": "second moment (velocity)"}
+_FIRST_MOMENT_OPTIMIZERS = ("Adam", "AdamW", "Nadam", "Lamb")
+
+
+def replay_update(
+    model: keras.Model,
+    optimizer: keras.optimizers.Optimizer,
+    compute_loss: Callable[[Any], tf.Tensor],
+    inputs: Any,
+    apply: Callable[[Any, list, list], Any],
+    gradient_transform: Callable[[list[tf.Tensor]], list[tf.Tensor]] | None = None,
+    predict: Callable[[Any], tf.Tensor] | None = None,
+) -> NanSite | None:
+    """Re-run one step's optimizer update with every op checked; name the op and its slot.
+
+    The model's and the optimizer's variables must hold their values from before the step;
+    they are restored afterwards, whatever happened. The gradients are computed as the step
+    computed them (``gradient_transform`` included) and handed to ``apply(optimizer,
+    gradients, weights)``, the step's own update, traced afresh with per-op checks. The first
+    non-finite op is followed forward to the variable it is written to (a slot such as
+    Adam's ``velocity``, or the weight itself), and back to the gradient it came from. Returns
+    the site (stage ``weights``), with the largest |gradient| of that weight, or None if the
+    update stayed finite.
+    """
+    weights = model.trainable_variables
+    state = [*model.variables, *optimizer.variables]
+    saved = [v.numpy() for v in state]
+    predict = predict or (lambda batch: model(batch, training=True))
+
+    def gradients(batch: Any) -> tuple[list, list]:
+        with tf.GradientTape() as tape:
+            loss = compute_loss(predict(batch))
+        raw = tape.gradient(loss, weights)
+        return raw, transformed(gradient_transform, raw) if gradient_transform else raw
+
+    def update(grads: list) -> tf.Tensor:
+        apply(optimizer, grads, weights)
+        return tf.constant(0.0)
+
+    try:
+        raw, final = tf.function(gradients, jit_compile=False)(inputs)
+        _restore(state, saved)
+        stale = _nonfinite_state(optimizer)
+        if stale is not None:  # e.g. a NaN learning rate: no op of this update made it
+            largest = _max_abs_value(raw)
+            text = f"{type(optimizer).__name__} update: {stale} was not finite before the step"
+            return NanSite("weights", None, text, None, largest)
+        error = _first_check_error(update, list(final))
+        if error is None:
+            return None
+        message, graph = error
+        node = failing_node(message, graph)
+        op = _OP.search(message)
+        op_type = op.group(1) if op else "?"
+        written = _written_variable(graph, node, [*weights, *optimizer.variables])
+        present = [k for k, g in enumerate(final) if g is not None]
+        index = _weight_index(graph, node, written, weights, present)
+        _restore(state, saved)
+        evidence = probe_op(update, list(final), node) if node else None
+    finally:
+        _restore(state, saved)
+    weight = weights[index] if index is not None else None
+    grad = raw[index] if index is not None else None
+    largest = float(np.max(np.abs(grad.numpy()))) if grad is not None else None
+    text = f"{type(optimizer).__name__} update: {op_type} ({(node or '?').rsplit('/', 1)[-1]})"
+    if written is not None and weight is not None and written is not weight:
+        text += f" in the {_slot_words(optimizer, written, weight)} of {weight.path}"
+    elif weight is not None:
+        text += f" in the update of {weight.path}"
+    if largest is not None:
+        text += f"; max |g| {largest:.3g}"
+    layer = weight.path.rsplit("/", 1)[0] if weight is not None and "/" in weight.path else None
+    return NanSite("weights", layer, text, evidence, largest)
+
+
+def _nonfinite_state(optimizer: Any) -> str | None:
+    """The path of the first optimizer variable holding a non-finite value, or None."""
+    for variable in optimizer.variables:
+        value = variable.numpy()
+        if np.issubdtype(value.dtype, np.floating) and not np.isfinite(value).all():
+            return variable.path
+    return None
+
+
+def _max_abs_value(tensors: Sequence[Any]) -> float | None:
+    """max |x| over the (non-None) tensors, or None for none."""
+    values = [
+        float(np.max(np.abs(t.numpy())))
+        for t in tensors
+        if t is not None and t.shape.num_elements()
+    ]
+    return max(values) if values else None
+
+
+def _restore(variables: Sequence[Any], values: Sequence[np.ndarray]) -> None:
+    for variable, value in zip(variables, values, strict=True):
+        variable.assign(value)
+
+
+def _walk(start: tf.Operation, step: Callable[[tf.Operation], list[tf.Operation]]):
+    """Breadth-first from ``start`` (excluded) along ``step``, up to ``_UPDATE_WALK_DEPTH``."""
+    frontier, seen = [start], {start.name}
+    for _ in range(_UPDATE_WALK_DEPTH):
+        following = []
+        for operation in frontier:
+            for other in step(operation):
+                if other.name not in seen:
+                    seen.add(other.name)
+                    following.append(other)
+                    yield other
+        frontier = following
+
+
+def _written_variable(graph: tf.Graph, node: str | None, variables: Sequence[Any]) -> Any:
+    """The variable the value of op ``node`` is first written to, or None."""
+    if not node:
+        return None
+    try:
+        start = graph.get_operation_by_name(node)
+    except (KeyError, ValueError):
+        return None
+    captured = {id(internal): external for external, internal in graph.captures}
+    consumers = lambda op: [c for t in op.outputs for c in t.consumers()]  # noqa: E731
+    for operation in [start, *_walk(start, consumers)]:
+        if operation.type in _WRITES:
+            handle = captured.get(id(operation.inputs[0]))
+            for variable in variables:
+                if handle is not None and getattr(variable, "handle", None) is handle:
+                    return variable
+            return None
+    return None
+
+
+def _weight_index(
+    graph: tf.Graph, node: str | None, written: Any, weights: list, present: list[int]
+) -> int | None:
+    """Which weight's update failed: the written variable when it is a weight, else the
+    weight whose slot it is (Keras names a slot ``<weight path with _>_<slot>``), else the
+    gradient input the failing op reads (``present``: the weights with a gradient, in the
+    order of the traced function's inputs)."""
+    for k, weight in enumerate(weights):
+        if written is weight:
+            return k
+    if written is not None:
+        owners = [
+            (len(w.path), k)
+            for k, w in enumerate(weights)
+            if written.name.startswith(w.path.replace("/", "_") + "_")
+        ]
+        if owners:
+            return max(owners)[1]
+    if not node:
+        return None
+    placeholders = {t.op.name: k for t, k in zip(graph.inputs, present, strict=False)}
+    try:
+        start = graph.get_operation_by_name(node)
+    except (KeyError, ValueError):
+        return None
+    producers = lambda op: [t.op for t in op.inputs]  # noqa: E731
+    for operation in [start, *_walk(start, producers)]:
+        if operation.name in placeholders:
+            return placeholders[operation.name]
+    return None
+
+
+def _slot_words(optimizer: Any, slot: Any, weight: Any) -> str:
+    """``second moment (velocity)``: a slot variable named for a report."""
+    name = slot.name.removeprefix(weight.path.replace("/", "_") + "_")
+    if name == "momentum" and type(optimizer).__name__ in _FIRST_MOMENT_OPTIMIZERS:
+        return "first moment (momentum)"
+    return SLOT_WORDS.get(name, f"slot {name!r}")
 
 
 #: ``NanSite.op`` of a failure that only XLA's arithmetic makes (see the module docstring).

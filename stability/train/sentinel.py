@@ -27,6 +27,7 @@ import keras
 import tensorflow as tf
 
 from stability.core.results import NAN_FIELDS
+from stability.train.cause import failure_cause
 from stability.train.checks import (
     all_finite,
     attention_ok,
@@ -61,7 +62,9 @@ class NanSentinel(keras.callbacks.Callback):
     After ``fit``, ``result`` holds the fields of the harness's result row:
     ``first_nan_epoch``, ``first_nan_step`` (counted in optimizer steps from the start of
     that ``fit``), ``first_nan_where``, ``first_nan_layer``, ``first_nan_op``,
-    ``loss_nan_epoch`` and ``failure_kind`` (None where nothing happened).
+    ``loss_nan_epoch``, ``failure_kind`` and ``failure_cause`` (None where nothing happened;
+    an update failure is not replayed here, so its cause is ``optimizer`` unless the
+    trainer names it).
 
     Args:
         replay: replay the failing batch to name the layer and op.
@@ -263,9 +266,10 @@ class NanSentinel(keras.callbacks.Callback):
             first_nan_op=site.op,
             failure_kind="normalization" if check == "attention" else "nonfinite",
         )
+        self.result["failure_cause"] = failure_cause(self.result["failure_kind"], site)
         line = (
             f"NanSentinel: epoch {self._epoch}, step {failed_step}: "
-            f"{self.result['failure_kind']} at {site.where}"
+            f"{self.result['failure_kind']} ({self.result['failure_cause']}) at {site.where}"
             f" ({site.layer or '-'}: {site.op or '-'}); training stopped"
         )
         if self.raise_error:
@@ -316,4 +320,4 @@ def _applied(apply_gradients: Any, grads_and_vars: list, *args: Any, **kwargs: A
 
 
 def _empty_result() -> dict[str, Any]:
-    return {**dict.fromkeys(NAN_FIELDS), "failure_kind": None}
+    return {**dict.fromkeys(NAN_FIELDS), "failure_kind": None, "failure_cause": None}

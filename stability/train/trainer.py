@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import inspect
+import itertools
 import math
 import os
 import time
@@ -22,6 +25,7 @@ from stability.data.graphs import Graph, GraphBatch, batch_graphs, graph_label
 from stability.data.padding import Budget, budget_for, pad_batch
 from stability.data.prefetch import prefetched
 from stability.model.variants import BuildContext, Recipe, Variant
+from stability.train.cause import failure_cause
 from stability.train.checks import (
     CHECKS,
     all_finite,
@@ -38,6 +42,7 @@ from stability.train.replay import (
     NanSite,
     replay_forward,
     replay_step,
+    replay_update,
     transform_name,
     transformed,
     xla_gradient_site,
@@ -226,17 +231,19 @@ def make_train_step(
 ) -> Callable[..., Any]:
     """A compiled step: forward, loss, gradients, transform, update, and the fused check.
 
-    Returns one ``[12]`` float32 tensor, which ``split_step`` turns into ``flags`` (``[6]``
-    bool, one per ``checks.CHECKS``) and ``stats`` (``[6]``: loss, max |attention logit|,
-    global gradient norm, max |weight|, largest ``exp`` argument, smallest per-node max
-    logit; see ``logit_stats``): one tensor is one read back to the host per step, not
-    two. The raw gradients are
+    Returns one ``[14]`` float32 tensor, which ``split_step`` turns into ``flags`` (``[6]``
+    bool, one per ``checks.CHECKS``) and ``stats`` (``[8]``, see ``STATS``): one tensor is
+    one read back to the host per step, not two. The raw gradients are
     checked before the gradient transform, so a transform that masks a non-finite gradient
-    cannot hide it. With ``guard``, a step that fails any check before the update leaves
-    the weights as they were, so the last good state survives for inspection.
+    cannot hide it. The ``weights`` check covers the optimizer's own variables too: Adam's
+    second moment can overflow to inf while the weights stay finite (``m / inf = 0``), and
+    the weights go NaN a step later (``inf - inf``). With ``guard``, a step that fails any
+    check before the update leaves the weights as they were, so the last good state
+    survives for inspection.
     """
     model, optimizer, weights = recipe.model, recipe.optimizer, recipe.model.trainable_variables
     transform = recipe.gradient_transform
+    state = optimizer_state(optimizer)
 
     @tf.function(input_signature=signature, reduce_retracing=True, jit_compile=jit_compile)
     def step(inputs: dict[str, tf.Tensor], targets: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
@@ -271,6 +278,8 @@ def make_train_step(
             apply_update(optimizer, gradients, weights)
         max_abs_weight = _max_abs(weights)
         weights_ok = finite_given(max_abs_weight, weights, exact=jit_compile)
+        if state:
+            weights_ok &= finite_given(_max_abs(state), state, exact=jit_compile)
         flags = tf.cast(tf.concat([before, [weights_ok]], axis=0), tf.float32)
         return tf.concat(
             [
@@ -284,6 +293,7 @@ def make_train_step(
                     ]
                 ),
                 logit_row[1:],
+                tf.stack([tf.cast(raw_norm, tf.float32), _max_abs(raw)]),
             ],
             axis=0,
         )
@@ -291,9 +301,29 @@ def make_train_step(
     return step
 
 
+#: The per-step statistics ``split_step`` returns, in order. ``grad_norm`` is the global
+#: norm of the gradients the optimizer gets (after the variant's transform); ``raw_grad_norm``
+#: and ``max_abs_grad`` are the backward pass's own.
+STATS = (
+    "loss",
+    "max_abs_logit",
+    "grad_norm",
+    "max_abs_weight",
+    "max_exp_arg",
+    "min_node_max_logit",
+    "raw_grad_norm",
+    "max_abs_grad",
+)
+
+
+def optimizer_state(optimizer: keras.optimizers.Optimizer) -> list:
+    """The optimizer's float variables (its slots and learning rate; not its step count)."""
+    return [v for v in optimizer.variables if tf.as_dtype(v.dtype).is_floating]
+
+
 def split_step(report: Any) -> tuple[np.ndarray, np.ndarray]:
-    """A step's output (a tensor or array ``[12]``) as ``flags`` ``[6]`` bool and ``stats``
-    ``[6]`` float32 (see ``make_train_step``)."""
+    """A step's output (a tensor or array ``[14]``) as ``flags`` ``[6]`` bool and ``stats``
+    ``[8]`` float32 (``STATS``; see ``make_train_step``)."""
     report = np.asarray(report)
     return report[: len(CHECKS)] > 0.5, report[len(CHECKS) :]
 
@@ -418,14 +448,22 @@ class Trainer:
             record = EpochRecord(epoch)
             epoch_stats: list[np.ndarray] = []
             tick = time.perf_counter()
+            # Where the epoch began, so that an update failure can be replayed from the
+            # state just before its step (``_update_site``): a few small copies per epoch.
+            start = EpochStart(
+                [v.numpy() for v in self._state()], copy.deepcopy(rng.bit_generator.state)
+            )
             batches = _shuffled_batches(
                 data.train, scaled, cfg.batch_size, rng, storage_dtype(cfg.dtype), budget
             )
             for batch, ready in prefetched(batches, cfg.prefetch):
                 flags, stats = split_step(step(ready.as_inputs(), ready.targets).numpy())
                 steps += 1
+                start.steps += 1
                 if not flags.all() and not result.hit_nan:
-                    self._record_first_nan(result, flags, epoch, steps, (batch, ready))
+                    rewind = Rewind(start, step, scaled, budget)
+                    self._record_first_nan(result, flags, epoch, steps, (batch, ready), rewind)
+                    _record_failing_gradients(result, stats)
                     if not cfg.stop_at_nan:
                         # Apply the failing update as an unguarded loop would, and go on so.
                         step = make_train_step(
@@ -455,12 +493,15 @@ class Trainer:
         epoch: int,
         steps: int,
         batches: tuple[GraphBatch, GraphBatch],
+        rewind: Rewind | None = None,
     ) -> None:
-        """Fill the ``first_nan_*`` fields and ``failure_kind``; name the layer and op.
+        """Fill the ``first_nan_*`` fields, ``failure_kind`` and ``failure_cause``; name the
+        layer and op.
 
         ``batches`` is the batch and what the step was fed (the batch padded, under XLA).
         A non-finite value is named by replaying the step with every op checked; a
-        normalization failure by recomputing the forward pass (the guard kept the weights).
+        normalization failure by recomputing the forward pass (the guard kept the weights);
+        an update failure by replaying the update from the state before it (``rewind``).
         """
         recipe = self.recipe
         batch, fed = batches
@@ -468,8 +509,13 @@ class Trainer:
         check = first_failure(flags)
         stage = stage_of(check)
         kind = "normalization" if check == "attention" else "nonfinite"
-        if check == "weights":  # finite gradients, but the update wrote a non-finite weight
-            site = nonfinite_weight_site(recipe.model.trainable_variables, recipe.optimizer)
+        if check == "weights":  # finite gradients, but the update wrote a non-finite value
+            named = nonfinite_weight_site(recipe.model.trainable_variables, recipe.optimizer)
+            site = self._update_site(rewind, batch) if rewind is not None else None
+            if site is None:
+                site = named
+            elif site.layer is None:  # the weights the update left non-finite
+                site = dataclasses.replace(site, layer=named.layer)
         elif check == "attention":
             site = self._normalization_site("forward", fed, training=True)
         else:
@@ -500,11 +546,55 @@ class Trainer:
                 site.where, site.layer, f"{site.op}; masked by gradient transform {name}"
             )
         result.failure_kind = kind
+        result.failure_cause = failure_cause(kind, site, storage_dtype(self.config.dtype))
         result.first_nan_where, result.first_nan_layer, result.first_nan_op = (
             site.where,
             site.layer,
             site.op,
         )
+
+    def _state(self) -> list:
+        """Every variable a step changes: the model's and the optimizer's."""
+        return [*self.recipe.model.variables, *self.recipe.optimizer.variables]
+
+    def _update_site(self, rewind: Rewind, batch: GraphBatch) -> NanSite | None:
+        """Name the optimizer op that made the update non-finite.
+
+        The guard cannot hold back an update it has not seen yet, so the state from before
+        the failing step is rebuilt: back to the epoch's start, then the epoch's earlier
+        steps again (op determinism makes them the same to the bit). The failing update is
+        then replayed op by op, and the state after the failing step put back.
+        """
+        recipe, cfg, data = self.recipe, self.config, self.dataset
+        state = self._state()
+        after = [v.numpy() for v in state]
+        try:
+            for variable, value in zip(state, rewind.start.values, strict=True):
+                variable.assign(value)
+            rng = np.random.default_rng()
+            rng.bit_generator.state = rewind.start.rng_state
+            again = _shuffled_batches(
+                data.train,
+                rewind.scaled,
+                cfg.batch_size,
+                rng,
+                storage_dtype(cfg.dtype),
+                rewind.budget,
+            )
+            for _, ready in itertools.islice(again, rewind.start.steps - 1):
+                rewind.step(ready.as_inputs(), ready.targets)
+            return replay_update(
+                recipe.model,
+                recipe.optimizer,
+                lambda predictions: _total_loss(recipe, batch.targets, predictions),
+                _as_tensors(batch.as_inputs()),
+                apply_update,
+                recipe.gradient_transform,
+                predict=lambda inputs: forward(recipe.model, inputs, training=True)["predictions"],
+            )
+        finally:
+            for variable, value in zip(state, after, strict=True):
+                variable.assign(value)
 
     def _normalization_site(self, where: str, batch: GraphBatch, training: bool) -> NanSite:
         model = self.recipe.model
@@ -544,6 +634,9 @@ class Trainer:
                 )
             result.first_nan_epoch, result.first_nan_step = epoch, steps
             result.failure_kind = kind
+            result.failure_cause = failure_cause(
+                kind, NanSite("validation", None, site.op, site.evidence)
+            )
             result.first_nan_where, result.first_nan_layer, result.first_nan_op = (
                 "validation",
                 site.layer,
@@ -569,12 +662,42 @@ class Trainer:
         lows = [r.min_node_max_logit for r in result.history if np.isfinite(r.min_node_max_logit)]
         result.max_exp_arg = max(highs) if highs else None
         result.min_node_max_logit = min(lows) if lows else None
+        if result.failure_cause is None:
+            result.failure_cause = failure_cause(result.failure_kind, None)
         if not result.hit_nan:
             result.warning = headroom_warning(
                 result.max_exp_arg, result.min_node_max_logit, self.config
             )
         result.wall_seconds = time.perf_counter() - started
         result.steps_per_second = steps / seconds if seconds > 0 else 0.0
+
+
+@dataclass
+class EpochStart:
+    """The state at an epoch's start: every variable's value and the shuffling RNG's state;
+    ``steps`` counts the epoch's steps taken so far."""
+
+    values: list[np.ndarray]
+    rng_state: dict
+    steps: int = 0
+
+
+@dataclass
+class Rewind:
+    """What ``Trainer._update_site`` needs to rebuild the state before a failing step: the
+    epoch's start, the compiled step, the scaled targets and the padding budget."""
+
+    start: EpochStart
+    step: Callable[..., Any]
+    scaled: np.ndarray
+    budget: Budget | None
+
+
+def _record_failing_gradients(result: RunResult, stats: np.ndarray) -> None:
+    """The failing step's raw gradient norm and max |g|; None where they are not finite."""
+    norm, largest = (float(stats[STATS.index(name)]) for name in ("raw_grad_norm", "max_abs_grad"))
+    result.failure_grad_norm = norm if math.isfinite(norm) else None
+    result.failure_max_abs_grad = largest if math.isfinite(largest) else None
 
 
 def _real_mean(loss: tf.Tensor, inputs: dict[str, tf.Tensor]) -> tf.Tensor:
@@ -617,6 +740,7 @@ def input_nan_result(variant: str, data: Dataset, cfg: TrainConfig) -> RunResult
         first_nan_layer=graph_label((data.train + data.val)[index], index),
         first_nan_op=field,
         failure_kind="input",
+        failure_cause="input",
     )
 
 
@@ -660,12 +784,17 @@ def _summarize_epoch(record: EpochRecord, stats: list[np.ndarray]) -> None:
     and the smallest per-node max logit over the epoch's finite steps."""
     if not stats:
         return
-    table = np.array(stats, dtype=np.float64)  # [steps, 6]
+    table = np.array(stats, dtype=np.float64)  # [steps, 8], columns as STATS
     with np.errstate(all="ignore"):
         finite = np.where(np.isfinite(table), table, np.nan)
         if np.isfinite(finite[:, 0]).any():
             record.train_loss = float(np.nanmean(finite[:, 0]))
-        for column, name in ((1, "max_abs_logit"), (3, "max_abs_weight"), (4, "max_exp_arg")):
+        for column, name in (
+            (1, "max_abs_logit"),
+            (3, "max_abs_weight"),
+            (4, "max_exp_arg"),
+            (7, "max_abs_grad"),
+        ):
             if np.isfinite(finite[:, column]).any():
                 setattr(record, name, float(np.nanmax(finite[:, column])))
         if np.isfinite(finite[:, 5]).any():
