@@ -4,7 +4,9 @@ Issue 21 adds a ``failure_cause`` column; a row that has it is read as it says. 
 without it (an older CSV, or before that column lands) is read from the columns of today:
 ``failure_kind`` names the silent failures (attention weights not summing to 1, a
 non-finite gradient masked by the transform), and otherwise a ``first_nan_epoch`` means a
-non-finite value, in the stage ``first_nan_where`` names.
+non-finite value: a forward one is read by its op as issue 12's C11b rule reads it (the
+softmax's ``exp`` overflowed, its division computed 0/0 after every ``exp`` of a node
+underflowed), any other by the stage ``first_nan_where`` names.
 """
 
 from __future__ import annotations
@@ -43,7 +45,12 @@ def failure_cause(row: Mapping[str, object]) -> str:
     if kind == "input" or _text(row, "first_nan_where") == "input":
         return "input"
     if _text(row, "first_nan_epoch"):
-        return _text(row, "first_nan_where") or "non-finite"
+        where, op = _text(row, "first_nan_where"), _text(row, "first_nan_op")
+        if where == "forward" and "softmax_exp" in op:
+            return "forward overflow"
+        if where == "forward" and "softmax_div" in op:
+            return "forward underflow (0/0)"
+        return where or "non-finite"
     return NO_FAILURE
 
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from stability.core.failures import failure_cause
 from stability.core.limits import exp_limits
 from stability.report.claims import (
     CLAIMS,
@@ -59,26 +60,6 @@ CLAIM_VARIANTS = {
     "C11a": ("raw_e",),
     "C11b": ("raw_e",),
 }
-
-
-def failure_cause(row: pd.Series) -> str:
-    """A run's failure cause: the ``failure_cause`` column where the row has one, else the
-    same words derived from ``failure_kind``, ``first_nan_where`` and ``first_nan_op``."""
-    cause = row.get("failure_cause")
-    if isinstance(cause, str) and cause:
-        return cause
-    if pd.isna(row.get("first_nan_epoch")) and row.get("first_nan_where") != "input":
-        return "none"
-    kind = row.get("failure_kind")
-    if isinstance(kind, str) and kind not in ("nonfinite", ""):
-        return kind.replace("_", " ")
-    where, op = row.get("first_nan_where"), str(row.get("first_nan_op") or "")
-    if where == "forward":
-        if "softmax_exp" in op:
-            return "forward overflow"
-        if "softmax_div" in op:
-            return "forward underflow (0/0)"
-    return str(where) if isinstance(where, str) else "unknown"
 
 
 def judgeable(variants: Sequence[str]) -> list[str]:

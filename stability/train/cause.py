@@ -32,6 +32,7 @@ import math
 
 import numpy as np
 
+from stability.core.failures import NO_FAILURE, SILENT_CAUSES
 from stability.train.replay import XLA_ONLY, NanSite
 
 #: Every value of ``failure_cause``.
@@ -46,11 +47,9 @@ CAUSES = (
     "input",
     "normalization",
     "masked gradient",
-    "none",
+    NO_FAILURE,
 )
-
-#: The causes of a failure that leaves every value finite (issue 11's silent failures).
-SILENT_CAUSES = ("normalization", "masked gradient")
+assert set(CAUSES) >= SILENT_CAUSES
 
 #: ``failure_kind`` values with a cause of their own, whatever the stage.
 _KIND_CAUSE = {
@@ -78,7 +77,7 @@ def failure_cause(
     failure when the replay did not name the weight.
     """
     if kind is None:
-        return "none"
+        return NO_FAILURE
     if kind in _KIND_CAUSE:
         return _KIND_CAUSE[kind]
     where = site.where if site is not None else None
