@@ -16,8 +16,10 @@ non-finite for.
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -158,13 +160,27 @@ def _checked(
     return NanSite(site.where, site.layer, site.op, evidence)
 
 
+@contextlib.contextmanager
+def one_off_traces() -> Iterator[None]:
+    """Hide TensorFlow's "triggered tf.function retracing" warning: a replay traces a
+    fresh function on purpose (its check ops are added at trace time), once per failure."""
+    logger = logging.getLogger("tensorflow")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
 def _first_check_error(fn: Callable[[Any], Any], inputs: Any) -> tuple[str, tf.Graph] | None:
     """Run ``fn(inputs)`` traced afresh with every op checked: the error's message and the
     traced graph, or None if every op stayed finite."""
     traced = tf.function(fn, jit_compile=False)
     tf.debugging.enable_check_numerics()
     try:
-        traced(inputs)
+        with one_off_traces():
+            traced(inputs)
     except tf.errors.InvalidArgumentError as error:
         return str(error), traced.get_concrete_function(inputs).graph
     finally:
@@ -190,7 +206,8 @@ def probe_op(fn: Callable[[Any], Any], inputs: Any, node: str) -> OpEvidence | N
 
     try:
         traced = tf.function(probed, jit_compile=False)
-        values = [np.asarray(v) for v in traced(inputs)]
+        with one_off_traces():
+            values = [np.asarray(v) for v in traced(inputs)]
         graph = traced.get_concrete_function(inputs).graph
         op_type = graph.get_operation_by_name(node).type
     except (ValueError, KeyError, TypeError, tf.errors.OpError):
@@ -276,7 +293,8 @@ def replay_update(
         return tf.constant(0.0)
 
     try:
-        raw, final = tf.function(gradients, jit_compile=False)(inputs)
+        with one_off_traces():
+            raw, final = tf.function(gradients, jit_compile=False)(inputs)
         _restore(state, saved)
         stale = _nonfinite_state(optimizer)
         if stale is not None:  # e.g. a NaN learning rate: no op of this update made it
