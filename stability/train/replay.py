@@ -82,7 +82,9 @@ class NanSite:
     Keras layer path (``message_passing_0/net``) or None; ``op`` the TensorFlow op type with
     its node name, e.g. ``Exp (softmax_exp)``. ``evidence`` holds the failing op's values
     (None where the op could not be run again, e.g. under XLA); ``max_abs_grad`` the largest
-    |gradient| of the weight an optimizer update failed for.
+    |gradient| of the weight an optimizer update failed for, and ``grad_norm`` the global
+    norm of all the step's raw gradients, computed in float64 (a float32 sum of squares
+    overflows for gradients above about 1e19, exactly when it matters).
     """
 
     where: str
@@ -90,6 +92,7 @@ class NanSite:
     op: str | None = None
     evidence: OpEvidence | None = field(default=None, compare=False)
     max_abs_grad: float | None = field(default=None, compare=False)
+    grad_norm: float | None = field(default=None, compare=False)
 
 
 def replay_step(
@@ -300,7 +303,7 @@ def replay_update(
         if stale is not None:  # e.g. a NaN learning rate: no op of this update made it
             largest = _max_abs_value(raw)
             text = f"{type(optimizer).__name__} update: {stale} was not finite before the step"
-            return NanSite("weights", None, text, None, largest)
+            return NanSite("weights", None, text, None, largest, _global_norm(raw))
         error = _first_check_error(update, list(final))
         if error is None:
             return None
@@ -326,7 +329,7 @@ def replay_update(
     if largest is not None:
         text += f"; max |g| {largest:.3g}"
     layer = weight.path.rsplit("/", 1)[0] if weight is not None and "/" in weight.path else None
-    return NanSite("weights", layer, text, evidence, largest)
+    return NanSite("weights", layer, text, evidence, largest, _global_norm(raw))
 
 
 def _nonfinite_state(optimizer: Any) -> str | None:
@@ -346,6 +349,12 @@ def _max_abs_value(tensors: Sequence[Any]) -> float | None:
         if t is not None and t.shape.num_elements()
     ]
     return max(values) if values else None
+
+
+def _global_norm(tensors: Sequence[Any]) -> float | None:
+    """sqrt of the sum of squares over the (non-None) tensors, in float64."""
+    parts = [np.square(t.numpy().astype(np.float64)).sum() for t in tensors if t is not None]
+    return float(np.sqrt(sum(parts))) if parts else None
 
 
 def _restore(variables: Sequence[Any], values: Sequence[np.ndarray]) -> None:

@@ -462,8 +462,8 @@ class Trainer:
                 start.steps += 1
                 if not flags.all() and not result.hit_nan:
                     rewind = Rewind(start, step, scaled, budget)
-                    self._record_first_nan(result, flags, epoch, steps, (batch, ready), rewind)
                     _record_failing_gradients(result, stats)
+                    self._record_first_nan(result, flags, epoch, steps, (batch, ready), rewind)
                     if not cfg.stop_at_nan:
                         # Apply the failing update as an unguarded loop would, and go on so.
                         step = make_train_step(
@@ -547,6 +547,9 @@ class Trainer:
             )
         result.failure_kind = kind
         result.failure_cause = failure_cause(kind, site, storage_dtype(self.config.dtype))
+        if site.grad_norm is not None and math.isfinite(site.grad_norm):
+            # The replay's float64 norm: the step's float32 one overflows past ~1e19.
+            result.failure_grad_norm = site.grad_norm
         result.first_nan_where, result.first_nan_layer, result.first_nan_op = (
             site.where,
             site.layer,
