@@ -16,7 +16,7 @@ from stability import BuildContext, Recipe, TrainConfig, Trainer, Variant, creat
 from stability.data import load_dataset
 from stability.model.losses import robust_loss
 from stability.train.cause import CAUSES, explosion_threshold, failure_cause
-from stability.train.replay import NanSite, OpEvidence, evidence_from
+from stability.train.replay import NanSite, OpEvidence, evidence_from, what_happened
 
 CONFIG = TrainConfig(seed=0, batch_size=16, learning_rate=1e-2, epochs=2, hidden=8, dtype="float32")
 THRESHOLD = explosion_threshold("float32")
@@ -98,7 +98,7 @@ def test_a_gradient_whose_square_overflows_is_a_gradient_explosion(tiny_dataset,
     assert (result.first_nan_epoch, result.first_nan_step) == (1, 1)
     assert result.first_nan_where == "weights"
     assert result.failure_cause == "gradient explosion"
-    assert f": Square (Square) in the {slot} of " in result.first_nan_op
+    assert f": Square (Square) overflow in the {slot} of " in result.first_nan_op
     assert result.failure_max_abs_grad >= THRESHOLD
     # The weight's own largest |g| is in the op text, and it is beyond sqrt(max) too.
     largest = float(result.first_nan_op.rsplit("max |g| ", 1)[1])
@@ -168,7 +168,7 @@ def test_epsilon_zero_on_a_zero_gradient_is_an_optimizer_failure(tiny_dataset):
     assert result.failure_cause == "optimizer"
     assert result.first_nan_layer == "dead"
     assert result.first_nan_op.startswith("Adam update: ")
-    assert "dead/b" in result.first_nan_op
+    assert " 0/0 in the update of dead/b" in result.first_nan_op
     assert "max |g| 0" in result.first_nan_op
 
 
@@ -211,7 +211,7 @@ def test_an_update_failure_late_in_an_epoch_is_replayed_from_the_state_before_it
     result = run(build, tiny_dataset)
     assert (result.first_nan_epoch, result.first_nan_step) == (1, 3)
     assert result.failure_cause == "gradient explosion"
-    assert "Square (Square) in the second moment (velocity) of" in result.first_nan_op
+    assert "Square (Square) overflow in the second moment (velocity) of" in result.first_nan_op
 
 
 # --- the seed's "gradient exploding problem" that is one ---------------------------------
@@ -320,3 +320,18 @@ def test_evidence_reads_a_zero_denominator_only_where_the_output_is_not_finite()
     assert not evidence_from(
         "RealDiv", [np.array([1.0]), np.array([1e-30]), np.array([np.inf])], 1
     ).zero_denominator
+
+
+@pytest.mark.parametrize(
+    ("evidence", "words"),
+    [
+        (OpEvidence("Square", False, True, True, False), "overflow"),
+        (OpEvidence("RealDiv", True, False, True, True), "0/0"),
+        (OpEvidence("RealDiv", False, True, True, True), "division by 0"),
+        (OpEvidence("Sub", True, False, False, False), "inf - inf"),
+        (OpEvidence("Mul", True, False, False, False), "fed a non-finite value"),
+        (OpEvidence("Log", True, False, True, False), "NaN"),
+    ],
+)
+def test_what_an_update_op_did_is_worded_from_its_values(evidence, words):
+    assert what_happened(evidence) == words

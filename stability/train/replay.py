@@ -318,10 +318,13 @@ def replay_update(
         evidence = probe_op(update, list(final), node) if node else None
     finally:
         _restore(state, saved)
+
     weight = weights[index] if index is not None else None
     grad = raw[index] if index is not None else None
     largest = float(np.max(np.abs(grad.numpy()))) if grad is not None else None
     text = f"{type(optimizer).__name__} update: {op_type} ({(node or '?').rsplit('/', 1)[-1]})"
+    if evidence is not None:
+        text += f" {what_happened(evidence)}"
     if written is not None and weight is not None and written is not weight:
         text += f" in the {_slot_words(optimizer, written, weight)} of {weight.path}"
     elif weight is not None:
@@ -355,6 +358,18 @@ def _global_norm(tensors: Sequence[Any]) -> float | None:
     """sqrt of the sum of squares over the (non-None) tensors, in float64."""
     parts = [np.square(t.numpy().astype(np.float64)).sum() for t in tensors if t is not None]
     return float(np.sqrt(sum(parts))) if parts else None
+
+
+def what_happened(evidence: OpEvidence) -> str:
+    """A failing op's arithmetic in a few words, from its values: ``overflow``, ``0/0``,
+    ``division by 0``, ``inf - inf`` (a subtraction fed two infinities), ``NaN``."""
+    if evidence.zero_denominator:
+        return "0/0" if evidence.has_nan else "division by 0"
+    if not evidence.inputs_finite:
+        if evidence.op_type == "Sub" and evidence.has_nan:
+            return "inf - inf"
+        return "fed a non-finite value"
+    return "overflow" if evidence.has_inf and not evidence.has_nan else "NaN"
 
 
 def _restore(variables: Sequence[Any], values: Sequence[np.ndarray]) -> None:
