@@ -134,7 +134,8 @@ def bench_report():
         "pytest-benchmark's `Stats`). Each section says when it was measured and the load "
         "average then: a load above the core count means other work shared the cores.\n\n",
     ]
-    parts += [f"## {heading}{body}" for heading, body in sections.items()]
+    # Every section ends in one blank line, the last kept one (read without it) too.
+    parts += [f"## {heading}{body.rstrip()}\n\n" for heading, body in sections.items()]
     REPORT.parent.mkdir(parents=True, exist_ok=True)
     REPORT.write_text("".join(parts).rstrip() + "\n", encoding="utf-8")
     if MISSED:

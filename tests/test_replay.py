@@ -69,6 +69,8 @@ def test_overflow_in_the_attention_softmax_is_named_exp(tiny_dataset):
     assert result.first_nan_where == "forward"
     assert result.first_nan_layer == "message_passing_0"
     assert result.first_nan_op == "Exp (softmax_exp)"
+    # Issue 21: the failing op returned inf: the cause is an overflow.
+    assert result.failure_cause == "forward overflow"
 
 
 def test_underflow_of_a_whole_segment_is_named_the_division(tiny_dataset):
@@ -77,6 +79,10 @@ def test_underflow_of_a_whole_segment_is_named_the_division(tiny_dataset):
     assert result.first_nan_where == "forward"
     assert result.first_nan_layer == "message_passing_0"
     assert result.first_nan_op == "RealDiv (softmax_div)"
+    # Issue 21: NaN where the division's denominator is 0: the underflow's 0/0.
+    assert result.failure_cause == "forward underflow (0/0)"
+    # The forward pass failed, so the failing step's gradients are not finite either.
+    assert result.failure_max_abs_grad is None
 
 
 def test_planted_log_zero_in_a_head_layer_is_named_that_layer(tiny_dataset):
