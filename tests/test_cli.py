@@ -1,4 +1,5 @@
-"""The command line, as a user runs it: a real subprocess each time."""
+"""The command line, as a user runs it: a real subprocess each time, but for the reference
+runs and re-renders that another test here already runs as a subprocess."""
 
 import os
 import subprocess
@@ -9,6 +10,7 @@ import pandas as pd
 import pytest
 from conftest import TINY_CASE
 
+from stability import cli
 from stability.core.results import RESULT_FIELDS
 
 ROOT = Path(__file__).parent.parent
@@ -50,13 +52,19 @@ def test_run_writes_csv_history_and_markdown(case_file, tmp_path):
     assert (tmp_path / "md" / "tiny.md").read_text() == markdown, "report must follow the CSV"
 
 
-def test_jit_compile_flag_trains_with_xla_and_matches_the_plain_rows(case_file, tmp_path):
+def test_jit_compile_flag_trains_with_xla_and_matches_the_plain_rows(
+    case_file, tmp_path, monkeypatch
+):
     outs = {}
     for flags in ([], ["--jit-compile"]):
         out = tmp_path / ("jit" if flags else "plain")
         args = ["run", str(case_file), "--out", str(out), "--no-progress", *flags]
-        done = stability(*args, cwd=tmp_path)
-        assert done.returncode == 0, done.stderr
+        if flags:  # the flag through a real subprocess, as a user passes it
+            done = stability(*args, cwd=tmp_path)
+            assert done.returncode == 0, done.stderr
+        else:  # the plain reference in this process (test_run_writes_... runs it as above)
+            monkeypatch.chdir(tmp_path)
+            assert cli.main(args) == 0
         outs[bool(flags)] = pd.read_csv(out / "tiny.csv")
     jit, plain = outs[True], outs[False]
     assert "Trained with `jit_compile` (XLA)" in (tmp_path / "jit" / "tiny.md").read_text()
@@ -65,10 +73,7 @@ def test_jit_compile_flag_trains_with_xla_and_matches_the_plain_rows(case_file, 
     case_file.write_text(
         case_file.read_text().replace("epochs = 2", "epochs = 2\njit_compile = true")
     )
-    again = stability(
-        "report", str(tmp_path / "jit" / "tiny.csv"), "--case", str(case_file), cwd=tmp_path
-    )
-    assert again.returncode == 0, again.stderr
+    assert cli.main(["report", str(tmp_path / "jit" / "tiny.csv"), "--case", str(case_file)]) == 0
     assert "Trained with `jit_compile` (XLA)" in (tmp_path / "jit" / "tiny.md").read_text()
     assert list(jit["variant"]) == list(plain["variant"])
     # XLA fuses ops on padded batches: the same runs, up to the last bits of float32.
