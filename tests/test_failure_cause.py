@@ -11,6 +11,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from test_replay import attention_weight_on_e
 
 from stability import BuildContext, Recipe, TrainConfig, Trainer, Variant, create_recipe
 from stability.data import load_dataset
@@ -41,19 +42,6 @@ def exploding(optimizer, scale=1e22):
     def build(ctx: BuildContext) -> Recipe:
         recipe = create_recipe(ctx, loss=scaled_loss(scale))
         return dataclasses.replace(recipe, optimizer=optimizer())
-
-    return build
-
-
-def attention_weight_on_e(weight):
-    """raw_e with Net's kernel zero except its weight on e: every logit is weight * e."""
-
-    def build(ctx: BuildContext) -> Recipe:
-        recipe = create_recipe(ctx)
-        kernel = np.zeros(recipe.model.passes[0].net.kernel.shape, np.float32)
-        kernel[-1] = weight
-        recipe.model.passes[0].net.kernel.assign(kernel)
-        return recipe
 
     return build
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import pandas as pd
@@ -92,14 +92,8 @@ def float64_section(
     ]
     if rows.empty:
         return f"{head}\n\n`reports/{CASE}.csv` has no rows at the seed's setting ({setting})."
-    f64 = ClaimInputs(
-        seed=rows,
-        batch_size=None,
-        learning_rate=None,
-        train_graphs=inputs.train_graphs,
-        seed_batch_size=inputs.seed_batch_size,
-        seed_learning_rate=inputs.seed_learning_rate,
-    )
+    # The float32 inputs with the float64 rows as the seed case, and no batch or rate cases.
+    f64 = replace(inputs, seed=rows, batch_size=None, learning_rate=None)
     raw = rows[rows["variant"] == "raw_e"].sort_values("seed")
     dtypes = ", ".join(sorted(set(rows["dtype"].astype(str))))
     budget = int(rows["epochs"].max())

@@ -118,15 +118,23 @@ def load_case(path: str | Path, overrides: Sequence[str] = ()) -> Case:
     """Read and validate the case file at ``path``, with ``KEY=VALUE`` ``overrides``
     (``--set``) applied first and validated like the file."""
     path = Path(path)
+    return parse_case(
+        read_case_text(path),
+        source=str(path),
+        default_name=path.stem,
+        base_dir=path.parent,
+        overrides=overrides,
+    )
+
+
+def read_case_text(path: Path) -> str:
+    """A case file's text; a missing or unreadable file is one ``CaseError`` line."""
     try:
-        text = path.read_text(encoding="utf-8")
+        return path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise CaseError(f"{path}: no such case file") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise CaseError(f"{path}: cannot read the case file ({exc})") from None
-    return parse_case(
-        text, source=str(path), default_name=path.stem, base_dir=path.parent, overrides=overrides
-    )
 
 
 def parse_case(

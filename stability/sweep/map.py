@@ -33,7 +33,13 @@ from stability.core.failures import failed
 from stability.data.generated import generated_key
 from stability.data.strategies import NAMED_DISTRIBUTIONS
 from stability.sweep.bisection import Bisection, Boundary, bisect
-from stability.sweep.cases import Case, apply_override, case_from_doc, parse_toml
+from stability.sweep.cases import (
+    Case,
+    apply_override,
+    case_from_doc,
+    parse_toml,
+    read_case_text,
+)
 from stability.sweep.runner import (
     build_variants,
     case_datasets,
@@ -167,13 +173,7 @@ def load_map(path: str | Path, overrides: Sequence[str] = ()) -> MapCase:
     """Read and validate the map case at ``path`` (``--set`` ``overrides`` first; they may
     name ``map.*`` keys too)."""
     path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise CaseError(f"{path}: no such case file") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise CaseError(f"{path}: cannot read the case file ({exc})") from None
-    return parse_map(text, str(path), path.stem, path.parent, overrides)
+    return parse_map(read_case_text(path), str(path), path.stem, path.parent, overrides)
 
 
 def parse_map(
