@@ -1,11 +1,21 @@
 """NanSentinel on plain Keras models that are not GNNs."""
 
+import math
+
 import keras
 import numpy as np
 import pytest
 import tensorflow as tf
 
 from stability import NanSentinel
+
+BATCH = 32
+
+#: The pruned entry of ``PrunedDense``'s kernel, and the optimizer step (1-based, counted
+#: from the start of ``fit``) in whose update ``NaNAtStep`` writes NaN into it: in the
+#: second epoch, after finite steps, so that both the step and the epoch must be found.
+PRUNED = (0, 0)
+NAN_STEP = 11
 
 
 @keras.saving.register_keras_serializable(package="stability_tests")
@@ -17,18 +27,56 @@ class PlantedExp(keras.layers.Layer):
 
 
 @keras.saving.register_keras_serializable(package="stability_tests")
-class PlantedSqrt(keras.layers.Layer):
-    """sqrt(x): NaN for every negative input."""
+class PrunedDense(keras.layers.Layer):
+    """``x @ where(keep, kernel, 0)``: a dense layer whose kernel entry ``PRUNED`` is pruned.
+
+    A select does no arithmetic on the entry it drops, so that entry reaches neither the
+    output nor any gradient but its own (exactly 0), NaN or not, on every machine. A mask
+    multiplied in would not do: NaN * 0 = NaN.
+    """
+
+    def __init__(self, units, kernel_constraint=None, **kwargs):
+        super().__init__(**kwargs)
+        self.units, self.kernel_constraint = units, kernel_constraint
+
+    def build(self, input_shape):
+        self.kernel = self.add_weight(
+            shape=(input_shape[-1], self.units),
+            initializer="glorot_uniform",
+            constraint=self.kernel_constraint,
+            name="kernel",
+        )
 
     def call(self, x):
-        return tf.sqrt(x)
+        keep = np.ones(self.kernel.shape, bool)
+        keep[PRUNED] = False
+        return tf.matmul(x, tf.where(keep, self.kernel, tf.zeros(self.kernel.shape)))
+
+
+class NaNAtStep(keras.constraints.Constraint):
+    """Writes NaN into the kernel entry ``PRUNED`` in the update of optimizer step ``step``.
+
+    Keras applies a weight's constraint inside the optimizer's update, after the gradient
+    step, so the failing update is the step's own, and where and when it fails is set by
+    counting updates, not by a training trajectory's rounding. Later updates keep the NaN
+    (Adam subtracts a finite step from it).
+    """
+
+    def __init__(self, step):
+        self.step = step
+        self.updates = tf.Variable(0, trainable=False)
+
+    def __call__(self, kernel):
+        count = self.updates.assign_add(1)
+        planted = tf.tensor_scatter_nd_update(kernel, [PRUNED], [math.nan])
+        return tf.where(count == self.step, planted, kernel)
 
 
 def model_with(planted: keras.layers.Layer) -> keras.Model:
     inputs = keras.Input((4,))
     hidden = keras.layers.Dense(8, name="first")(inputs)
     hidden = planted(hidden)
-    # Inside tf.function the fused MatMul+BiasAdd+Relu kernel maps NaN inputs to 0.
+    # Whether this relu maps a NaN input to 0 depends on the CPU's kernel: no test relies on it.
     hidden = keras.layers.Dense(8, activation="relu", name="relu")(hidden)
     outputs = keras.layers.Dense(1, name="out")(hidden)
     model = keras.Model(inputs, outputs)
@@ -50,7 +98,7 @@ def all_weights_finite(model):
 def test_planted_overflow_is_named(data):
     model = model_with(PlantedExp(name="planted_exp"))
     sentinel = NanSentinel()
-    history = model.fit(*data, epochs=3, batch_size=32, verbose=0, callbacks=[sentinel])
+    history = model.fit(*data, epochs=3, batch_size=BATCH, verbose=0, callbacks=[sentinel])
     assert sentinel.result["first_nan_step"] == 1
     assert sentinel.result["first_nan_where"] == "forward"
     assert sentinel.result["first_nan_layer"] == "planted_exp"
@@ -59,30 +107,46 @@ def test_planted_overflow_is_named(data):
     assert all_weights_finite(model), "the failing update must not have been applied"
 
 
+def silent_model():
+    """``model_with`` a ``PrunedDense`` whose update writes NaN into its pruned entry at
+    step ``NAN_STEP``: the weights go NaN, and the loss stays finite by construction."""
+    return model_with(PrunedDense(8, kernel_constraint=NaNAtStep(NAN_STEP), name="pruned"))
+
+
+def epoch_of(step, data):
+    return (step - 1) // math.ceil(len(data[0]) / BATCH) + 1
+
+
 def test_terminate_on_nan_misses_weights_going_nan_behind_a_finite_loss(data):
-    model = model_with(PlantedSqrt(name="planted_sqrt"))
+    model = silent_model()
     history = model.fit(
-        *data, epochs=3, batch_size=32, verbose=0, callbacks=[keras.callbacks.TerminateOnNaN()]
+        *data, epochs=3, batch_size=BATCH, verbose=0, callbacks=[keras.callbacks.TerminateOnNaN()]
     )
+    assert epoch_of(NAN_STEP, data) < 3, "the planted step must come before the last epoch"
     assert len(history.history["loss"]) == 3, "TerminateOnNaN stopped: the case is not silent"
     assert np.isfinite(history.history["loss"]).all()
     assert not all_weights_finite(model), "the weights were expected to go NaN"
 
 
 def test_sentinel_catches_weights_going_nan_behind_a_finite_loss(data):
-    model = model_with(PlantedSqrt(name="planted_sqrt"))
+    model = silent_model()
     sentinel = NanSentinel()
-    model.fit(*data, epochs=3, batch_size=32, verbose=0, callbacks=[sentinel])
+    history = model.fit(*data, epochs=3, batch_size=BATCH, verbose=0, callbacks=[sentinel])
     result = sentinel.result
-    assert (result["first_nan_epoch"], result["first_nan_step"]) == (1, 1)
-    assert (result["first_nan_where"], result["first_nan_layer"]) == ("forward", "planted_sqrt")
+    assert (result["first_nan_epoch"], result["first_nan_step"]) == (
+        epoch_of(NAN_STEP, data),
+        NAN_STEP,
+    )
+    assert (result["first_nan_where"], result["first_nan_layer"]) == ("weights", "pruned")
+    assert result["first_nan_op"] == f"{type(model.optimizer).__name__} update"
     assert result["loss_nan_epoch"] is None, "the loss stayed finite"
-    assert all_weights_finite(model)
+    assert np.isfinite(history.history["loss"]).all()
+    assert len(history.history["loss"]) == epoch_of(NAN_STEP, data), "training must stop there"
 
 
 def test_healthy_training_is_left_alone(data):
     model = model_with(keras.layers.Activation("tanh", name="tanh"))
     sentinel = NanSentinel()
-    history = model.fit(*data, epochs=2, batch_size=32, verbose=0, callbacks=[sentinel])
+    history = model.fit(*data, epochs=2, batch_size=BATCH, verbose=0, callbacks=[sentinel])
     assert len(history.history["loss"]) == 2
     assert sentinel.result["first_nan_epoch"] is None
