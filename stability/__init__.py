@@ -45,6 +45,7 @@ _EXPORTS = {  # public name -> module that defines it
     "Implementation": "model.conformance",
     "assert_segment_softmax_conforms": "model.conformance",
     "check_segment_softmax": "model.conformance",
+    "pin_threads": "train.threads",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -62,6 +62,7 @@ def _parser() -> argparse.ArgumentParser:
     add_compare_parser(sub)
     _add_claims_parser(sub)
     _add_conformance_parser(sub)
+    _add_spread_parser(sub)
     return parser
 
 
@@ -154,8 +155,18 @@ def _add_run_flags(parser: argparse.ArgumentParser) -> None:
         type=_positive_int,
         default=1,
         metavar="N",
-        help="with --executor ray: CPUs each run asks Ray for, and its TensorFlow intra-op "
-        "threads (default: 1)",
+        help="with --executor ray: CPUs each run asks Ray for (default: 1); the run still "
+        "trains on --threads",
+    )
+    parser.add_argument(
+        "--threads",
+        type=_positive_int,
+        default=1,
+        metavar="N",
+        help="TensorFlow intra-op threads each run trains on, inter-op 1 (default: 1, the "
+        "layout of the committed reports). Another count rounds the sums differently, so it "
+        "moves the rows (each records its layout in the environment column): use it to "
+        "measure the rounding spread, not for speed; --workers trains runs side by side",
     )
 
 
@@ -181,6 +192,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "compare": compare_command,
             "claims": _claims,
             "conformance": _conformance,
+            "spread": _spread,
         }
         return commands[args.command](args)
     except StabilityError as exc:
@@ -221,31 +233,38 @@ def _run(args: argparse.Namespace) -> int:
     if args.variants:
         from dataclasses import replace
 
-        from stability.core.plugins import plugin_hint
-        from stability.model.variants import get_variant
-
-        names = tuple(n.strip() for n in args.variants.split(",") if n.strip())
-        if not names:
-            raise StabilityError(f"--variants {args.variants!r}: name at least one variant")
-        for name in names:
-            try:
-                get_variant(name)
-            except StabilityError as exc:
-                raise StabilityError(plugin_hint(exc)) from None
+        names = _variant_list(args.variants)
         cases = [replace(case, variants=names) for case in cases]
     _run_cases(cases, args)
     return 0
 
 
+def _variant_list(text: str) -> tuple[str, ...]:
+    """``--variants a,b`` as registered names, or a one-line error."""
+    from stability.core.plugins import plugin_hint
+    from stability.model.variants import get_variant
+
+    names = tuple(n.strip() for n in text.split(",") if n.strip())
+    if not names:
+        raise StabilityError(f"--variants {text!r}: name at least one variant")
+    for name in names:
+        try:
+            get_variant(name)
+        except StabilityError as exc:
+            raise StabilityError(plugin_hint(exc)) from None
+    return names
+
+
 def _run_cases(cases: Sequence[Case], args: argparse.Namespace) -> None:
     """Train every case into ``args.out`` and write its markdown from the whole CSV."""
+    from dataclasses import replace
+
     from stability.core.files import folder_lock
     from stability.report.writer import read_history, read_results, write_reports
     from stability.sweep.runner import run_case
 
+    cases = [replace(case, threads=args.threads) for case in cases]
     if args.jit_compile:
-        from dataclasses import replace
-
         cases = [replace(case, jit_compile=True) for case in cases]
     cluster = _cluster(cases, args)  # before anything is written: it may refuse
     try:
@@ -296,6 +315,7 @@ def _map(args: argparse.Namespace) -> int:
     from stability.sweep.map import load_map, run_map
 
     maps = [load_map(path, args.overrides) for path in args.cases]  # all checked first
+    maps = [replace(m, case=replace(m.case, threads=args.threads)) for m in maps]
     if args.jit_compile:
         maps = [replace(m, case=replace(m.case, jit_compile=True)) for m in maps]
     cluster = _cluster([m.case for m in maps], args)
@@ -500,6 +520,102 @@ def _smoke(case: Case) -> Case:
         epochs=min(case.epochs, 3),
         dataset_params={**case.dataset_params, "num_graphs": 64},
     )
+
+
+def _add_spread_parser(sub: argparse._SubParsersAction) -> None:
+    spread = sub.add_parser(
+        "spread",
+        help="measure the rounding spread: rerun a case on other thread layouts",
+        description="Train a case's runs on other intra-op thread counts, which round the "
+        "float sums differently as another CPU does, and write <case>.spread.csv and "
+        "<case>.spread.md into --out: how far the first-failure epochs and final MAEs "
+        "moved. compare and the headline test read <case>.spread.csv beside a baseline as "
+        "the tolerance of a comparison across environments (docs/reports.md).",
+    )
+    spread.add_argument("case", type=Path, metavar="CASE", help="a case TOML file")
+    spread.add_argument(
+        "--layouts",
+        type=_thread_counts,
+        default=(1, 2, 8),
+        metavar="N,M,...",
+        help="intra-op thread counts to train on; the first is the reference unless "
+        "--reference is given (default: 1,2,8)",
+    )
+    spread.add_argument(
+        "--reference",
+        type=Path,
+        metavar="CSV",
+        help="a results CSV of the case (e.g. reports/seed.csv) whose rows stand for the "
+        "reference layout they record, instead of training it",
+    )
+    spread.add_argument(
+        "--variants", help="comma-separated variants to measure (default: the case's)"
+    )
+    spread.add_argument(
+        "--out", type=Path, default=Path("reports"), help="folder for the spread files"
+    )
+    spread.add_argument("--workers", type=_positive_int, default=1, metavar="N")
+    spread.add_argument(
+        "--resume", action="store_true", help="keep the reruns already trained under --out"
+    )
+    spread.add_argument("--no-progress", action="store_true", help="no progress bars")
+    _add_plugin_flag(spread)
+    _add_set_flag(spread)
+
+
+def _thread_counts(text: str) -> tuple[int, ...]:
+    counts = tuple(_positive_int(part.strip()) for part in text.split(",") if part.strip())
+    if not counts or len(set(counts)) != len(counts):
+        raise argparse.ArgumentTypeError(f"{text!r}: expected distinct counts such as 1,2,8")
+    return counts
+
+
+def _spread(args: argparse.Namespace) -> int:
+    from dataclasses import replace
+
+    from stability.core.environment import parse
+    from stability.core.files import atomic_write_text
+    from stability.report.spread import measure, spread_markdown, spread_path, stack_layouts
+    from stability.report.writer import read_results
+    from stability.sweep.cases import load_case
+    from stability.sweep.runner import run_case
+
+    case = load_case(args.case, args.overrides)
+    if args.variants:
+        case = replace(case, variants=_variant_list(args.variants))
+    frames = {}
+    if args.reference is not None:
+        frame = read_results(args.reference)
+        frame = frame[frame["variant"].isin(case.variants) & frame["seed"].isin(case.seeds)]
+        if frame.empty:
+            raise StabilityError(f"{args.reference}: no rows of {case.name}'s variants and seeds")
+        layouts = {parse(e).get("threads", "") for e in frame["environment"].fillna("")}
+        if len(layouts) != 1 or "" in layouts:
+            raise StabilityError(
+                f"{args.reference}: its rows must record one thread layout in their "
+                f"environment column; they record {sorted(layouts)}"
+            )
+        frames[layouts.pop()] = frame
+    _check_writable(args.out)
+    for threads in args.layouts:
+        folder = args.out / "spread" / case.name / f"threads-{threads}"
+        run_case(
+            replace(case, threads=threads),
+            folder,
+            progress=not args.no_progress,
+            resume=args.resume,
+            overwrite=not args.resume,
+            workers=args.workers,
+        )
+        frames[f"{threads}x1"] = read_results(folder / f"{case.name}.csv")
+    stacked = stack_layouts(frames)
+    spread = measure(stacked)
+    path = spread_path(args.out, case.name)
+    atomic_write_text(path, stacked.to_csv(index=False))
+    markdown = args.out / f"{case.name}.spread.md"
+    atomic_write_text(markdown, spread_markdown(case.name, stacked, spread))
+    print(f"wrote {path} and {markdown}")
+    return 0
 
 
 def _add_conformance_parser(sub: argparse._SubParsersAction) -> None:

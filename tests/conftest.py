@@ -6,6 +6,13 @@ import pytest
 from hypothesis import HealthCheck, settings
 
 from stability.data import Dataset, load_dataset
+from stability.train.threads import pin
+
+# The thread layout every run trains on (1 x 1), set before any test starts TensorFlow, so
+# that the tests' in-process trainings are the rows the command line makes in its workers.
+# tests/test_thread_layout.py checks that a process started on another layout trains the
+# same rows through a worker.
+assert pin(), "TensorFlow started before tests/conftest.py could pin its thread layout"
 
 # Hypothesis profiles, chosen with STABILITY_HYPOTHESIS_PROFILE (default "ci"). "ci" is
 # derandomized, so every run tries the same examples, and bounded so the default test run

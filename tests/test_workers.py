@@ -11,7 +11,7 @@ from stability.model import variants
 from stability.model.variants import BuildContext, Recipe, create_recipe, register_variant
 from stability.sweep.cases import parse_case
 from stability.sweep.runner import run_case
-from stability.sweep.workers import thread_counts, variant_modules
+from stability.sweep.workers import run_in_workers, variant_modules
 
 # Two data sets and two variants, so that four runs share two workers and can finish out of
 # order, and each task must carry its own data set.
@@ -36,22 +36,9 @@ def test_two_workers_give_the_serial_rows_in_the_serial_order(tmp_path):
         pd.testing.assert_frame_equal(kept[0], kept[1], obj=name)
 
 
-@pytest.mark.parametrize(
-    ("workers", "cores", "expected"),
-    [
-        pytest.param(1, 2, (2, 1), id="one-worker-gets-every-core"),
-        pytest.param(2, 2, (1, 1), id="two-workers-share-two-cores"),
-        pytest.param(4, 2, (1, 1), id="more-workers-than-cores"),
-        pytest.param(2, 8, (4, 1), id="eight-cores"),
-    ],
-)
-def test_thread_counts_split_the_cores(workers, cores, expected):
-    assert thread_counts(workers, cores) == expected
-
-
 def test_zero_workers_is_an_error():
     with pytest.raises(StabilityError, match="--workers 0"):
-        thread_counts(0, 2)
+        run_in_workers([], 0)
 
 
 @pytest.mark.parametrize("value", ["0", "-1", "two"])

@@ -41,6 +41,8 @@ RESULT_FIELDS = (
     "failure_cause",
     "failure_grad_norm",
     "failure_max_abs_grad",
+    # Appended by issue 25: what the run's numbers depend on (stability.core.environment).
+    "environment",
 )
 
 #: The columns that say whether, when and where a run's first NaN happened.
@@ -145,6 +147,9 @@ class RunResult:
     #: not finite, or without a failing step).
     failure_grad_norm: float | None = None
     failure_max_abs_grad: float | None = None
+    #: The libraries, thread layout and CPU the run trained on (``environment.describe``);
+    #: rows of one environment compare exactly, others by what holds on any machine.
+    environment: str = ""
     history: list[EpochRecord] = field(default_factory=list, repr=False)
 
     @property

@@ -5,6 +5,8 @@ from __future__ import annotations
 import inspect
 from collections.abc import Mapping
 
+from stability.core.environment import version
+from stability.core.errors import DataError
 from stability.data.registry import Dataset, register_dataset
 from stability.data.strategies import generated_dataset
 
@@ -27,13 +29,23 @@ def generated(
     max_distance: float = 4.0,
     max_outlier: float = 40.0,
     val_fraction: float = 0.1,
+    hypothesis: str = "",
 ) -> Dataset:
     """Graphs drawn by ``stability.data.strategies.graphs``, reproducibly from ``seed``.
 
     ``distribution`` is one of ``stability.data.strategies.DISTRIBUTIONS`` or "any". The key
     (the CSV ``dataset`` column) is a call with every argument; ``dataset_from_key`` rebuilds
-    the same graphs from it.
+    the same graphs from it. A draw depends on Hypothesis' version, so the key names the one
+    that drew it (``hypothesis``; empty: the installed one), and a key drawn by another
+    version is refused rather than redrawn into other graphs under the same name.
     """
+    installed = version("hypothesis")
+    if hypothesis and hypothesis != installed:
+        raise DataError(
+            f"data set generated: drawn with hypothesis {hypothesis}, and this machine has "
+            f"hypothesis {installed}, whose draw may differ; install hypothesis=={hypothesis} "
+            'or draw it anew (hypothesis = "")'
+        )
     key = generated_key(locals())
     return generated_dataset(
         seed=seed,
@@ -57,7 +69,9 @@ def generated(
 
 def generated_key(params: Mapping[str, object]) -> str:
     """The key (the CSV ``dataset`` column) of ``generated(**params)``, without drawing it:
-    a call with every argument, defaults filled in, in the signature's order."""
+    a call with every argument, defaults filled in, in the signature's order, with the
+    installed Hypothesis version where none is given."""
     signature = inspect.signature(generated).parameters
     args = {name: params.get(name, p.default) for name, p in signature.items()}
+    args["hypothesis"] = args["hypothesis"] or version("hypothesis")
     return "generated(" + ",".join(f"{name}={value!r}" for name, value in args.items()) + ")"

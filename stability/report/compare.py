@@ -1,16 +1,24 @@
 """Compare a folder of results CSVs against an accepted baseline folder, the way
 pytest-benchmark's ``--benchmark-compare-fail`` compares benchmarks.
 
-A variant's verdict (per case, learning rate, batch size and dtype) changes when:
+Each variant's runs (per case, learning rate, batch size and dtype) are compared run by run
+(``stability.report.agreement``), and the table says which comparison it made and why:
 
-- it stayed finite in every run of the baseline and now hits a NaN, or the other way round;
-- its median first-NaN epoch moves by more than ``nan_epoch`` (a fraction of the baseline's);
-- its median final MAE gets worse by more than ``mae`` (a fraction of the baseline's);
-- it is in the baseline but missing from the new results.
+- **exact**, where base and new rows were made in one environment (the same libraries,
+  thread layout and CPU, the rows' ``environment`` column): the rows must be identical,
+  timing aside. Any difference is a change: the same run in the same environment gives the
+  same row.
+- **across environments** elsewhere: what rounding cannot move. A variant's verdict changes
+  when a run that stayed finite now fails or the other way round, when a failed run's
+  stage, kind, cause or op changes, or when its first-failure epoch moves by more than the
+  rounding spread measured for the case (``<case>.spread.csv`` beside the baseline,
+  ``stability.report.spread``; ``nan_epoch`` where none was measured), and, where a MAE
+  tolerance is given or measured, when its final MAE worsens by more.
 
-A row whose base and new runs differ in data set (its key, which carries a file's hash),
-epochs or seeds is "not comparable", said per row, and never counted as a changed verdict:
-a different MAE on different data is no regression.
+A variant in the baseline but missing from the new results is a change too. A row whose
+base and new runs differ in data set (its key, which carries a file's hash and Hypothesis'
+version), epochs or seeds is "not comparable", said per row, and never counted as a changed
+verdict: a different MAE on different data is no regression.
 
 ``python -m stability compare NEW_DIR BASELINE_DIR`` prints the diff table and exits 1 when
 a verdict changed, 2 on bad input, 0 otherwise.
@@ -26,6 +34,8 @@ from pathlib import Path
 import pandas as pd
 
 from stability.core.errors import StabilityError
+from stability.report.agreement import ACROSS, EXACT, compare_rows, kind_of
+from stability.report.spread import Spread, read_spread
 from stability.report.summary import settings
 
 #: Exit code when a verdict changed (2 stays "bad input").
@@ -43,13 +53,19 @@ def _values(column: pd.Series) -> str:
     return ", ".join(str(v) for v in sorted(column.unique(), key=str))
 
 
+#: The columns that pair a new run with its base run within one verdict key.
+PAIR_KEYS = ["seed", "dataset"]
+
+
 @dataclass(frozen=True)
 class Tolerances:
-    """How far a median may move before the verdict counts as changed, as fractions of the
-    baseline's median."""
+    """What a comparison across environments allows, as fractions of the baseline's value:
+    ``nan_epoch`` for a run's first-failure epoch where the case's rounding spread was not
+    measured; ``mae`` for its final MAE (None: the MAE is compared only where its spread
+    was measured). Rows of one environment are compared exactly, whatever these say."""
 
     nan_epoch: float = 0.15
-    mae: float = 0.10
+    mae: float | None = None
 
 
 def load_results_dir(folder: Path) -> pd.DataFrame:
@@ -86,28 +102,64 @@ def verdicts(frame: pd.DataFrame) -> pd.DataFrame:
 
 
 def compare_results(
-    new: pd.DataFrame, baseline: pd.DataFrame, tolerances: Tolerances = Tolerances()
+    new: pd.DataFrame,
+    baseline: pd.DataFrame,
+    tolerances: Tolerances = Tolerances(),
+    spreads: dict[str, Spread | None] | None = None,
 ) -> pd.DataFrame:
-    """The diff table: one row per verdict key in either frame, with ``status`` and
-    ``changed`` (True when the verdict changed)."""
+    """The diff table: one row per verdict key in either frame, with ``comparison`` (exact
+    or across environments, and why), ``status`` and ``changed`` (True when the verdict
+    changed). ``spreads`` holds each case's measured rounding spread, if any."""
+    spreads = spreads or {}
     joined = (
         verdicts(baseline).add_suffix("_base").join(verdicts(new).add_suffix("_new"), how="outer")
     )
+    base_groups = dict(list(baseline.groupby(VERDICT_KEYS, sort=False)))
+    new_groups = dict(list(new.groupby(VERDICT_KEYS, sort=False)))
     rows = []
     for key, row in joined.iterrows():
         differs = _differs(row)
-        status = f"not comparable: {differs}" if differs else _status(row, tolerances)
+        kind, why = _comparison(new_groups.get(key), base_groups.get(key))
+        if differs:
+            status = f"not comparable: {differs}"
+        else:
+            spread = spreads.get(key[0])
+            status = _status(row, new_groups.get(key), base_groups.get(key), tolerances, spread)
         rows.append(
             {
                 **dict(zip(VERDICT_KEYS, key, strict=True)),
                 "NaN in (base -> new)": f"{_count(row, 'base')} -> {_count(row, 'new')}",
                 "first NaN epoch (base -> new)": _pair(row, "nan_epoch", "{:g}"),
                 "final MAE (base -> new)": _pair(row, "mae", "{:.3f}"),
+                "comparison": kind,
                 "status": status or "ok",
                 "changed": bool(status) and status != "not in baseline" and not differs,
+                "why": why,
             }
         )
     return pd.DataFrame(rows)
+
+
+def _comparison(new: pd.DataFrame | None, base: pd.DataFrame | None) -> tuple[str, str]:
+    """(exact or across environments, why) for a verdict key's new and base rows."""
+    if new is None or base is None:
+        return "-", "only on one side"
+    envs = {_env(v) for v in new.get("environment", pd.Series([""]))}
+    envs |= {_env(v) for v in base.get("environment", pd.Series([""]))}
+    if len(envs) == 1:
+        (env,) = envs
+        return kind_of(env, env)
+    new_env = _env(new["environment"].iloc[0]) if "environment" in new else ""
+    base_env = _env(base["environment"].iloc[0]) if "environment" in base else ""
+    return (
+        kind_of(new_env, base_env)
+        if new_env != base_env
+        else (ACROSS, "rows of several environments")
+    )
+
+
+def _env(value: object) -> str:
+    return "" if pd.isna(value) else str(value)
 
 
 def _differs(row: pd.Series) -> str:
@@ -124,29 +176,35 @@ def _differs(row: pd.Series) -> str:
     return "; ".join(parts)
 
 
-def _status(row: pd.Series, tol: Tolerances) -> str:
-    if pd.isna(row["runs_new"]):
+def _status(
+    row: pd.Series,
+    new: pd.DataFrame | None,
+    base: pd.DataFrame | None,
+    tol: Tolerances,
+    spread: Spread | None,
+) -> str:
+    if new is None:
         return "missing from new results"
-    if pd.isna(row["runs_base"]):
+    if base is None:
         return "not in baseline"
     base_nan, new_nan = row["nan_runs_base"] > 0, row["nan_runs_new"] > 0
     if base_nan != new_nan:
         return "now hits NaN" if new_nan else "now stays finite"
+    epoch_tol = spread.epoch_tolerance if spread is not None else tol.nan_epoch
+    mae_tol = tol.mae if tol.mae is not None else (spread.mae if spread is not None else None)
     problems = []
-    moved = _relative_change(row["nan_epoch_base"], row["nan_epoch_new"])
-    if abs(moved) > tol.nan_epoch:
-        problems.append(f"first NaN epoch moved {moved:+.0%} (tolerance {tol.nan_epoch:.0%})")
-    worse = _relative_change(row["mae_base"], row["mae_new"])
-    if worse > tol.mae:
-        problems.append(f"final MAE worse by {worse:+.0%} (tolerance {tol.mae:.0%})")
+    paired = base.merge(new, on=PAIR_KEYS, suffixes=("_base", "_new"))
+    columns = [c for c in base.columns if c not in PAIR_KEYS]
+    for _, both in paired.iterrows():
+        agreement = compare_rows(
+            {c: both.get(f"{c}_new") for c in columns},
+            {c: both.get(f"{c}_base") for c in columns},
+            epoch_tol,
+            mae_tol,
+        )
+        if not agreement.ok:
+            problems.append(f"seed {both['seed']}: " + ", ".join(agreement.problems))
     return "; ".join(problems)
-
-
-def _relative_change(base: float, new: float) -> float:
-    """(new - base) / base; 0 when either is missing (nothing to compare)."""
-    if pd.isna(base) or pd.isna(new) or base == 0:
-        return 0.0
-    return (new - base) / base
 
 
 def _count(row: pd.Series, side: str) -> str:
@@ -159,6 +217,33 @@ def _pair(row: pd.Series, column: str, fmt: str) -> str:
         return "-" if pd.isna(value) else fmt.format(value)
 
     return f"{one(row[f'{column}_base'])} -> {one(row[f'{column}_new'])}"
+
+
+def _comparisons_made(
+    table: pd.DataFrame, spreads: dict[str, Spread | None], tol: Tolerances
+) -> list[str]:
+    """One line per comparison made: which, for how many rows, and why."""
+    lines = []
+    for (kind, why), group in table.groupby(["comparison", "why"], sort=False):
+        if kind == EXACT:
+            lines.append(f"{len(group)} row(s) compared exactly: {why} (every column but timing)")
+        elif kind == ACROSS:
+            lines.append(f"{len(group)} row(s) compared across environments: {why}")
+    for case, spread in spreads.items():
+        if not (table["case"] == case).any() or not (table["comparison"] == ACROSS).any():
+            continue
+        if spread is None:
+            lines.append(
+                f"{case}: no measured rounding spread beside the baseline ({case}.spread.csv); "
+                f"first-failure epochs may move by {tol.nan_epoch:.0%}, MAEs are not compared"
+            )
+        else:
+            lines.append(
+                f"{case}: rounding spread measured on layouts {', '.join(spread.layouts)}: "
+                f"first-failure epochs may move by {spread.epoch:.2%} (at least 1 epoch), "
+                f"final MAEs by {spread.mae:.2%}"
+            )
+    return lines
 
 
 def _fraction(text: str) -> float:
@@ -186,16 +271,17 @@ def add_compare_parser(sub: argparse._SubParsersAction) -> None:
         type=_fraction,
         default=Tolerances.nan_epoch,
         metavar="FRACTION",
-        help="allowed move of the median first-NaN epoch, as a fraction of the baseline's "
-        f"(default: {Tolerances.nan_epoch})",
+        help="across environments, where the case's rounding spread was not measured "
+        "(<case>.spread.csv beside the baseline): allowed move of a run's first-failure "
+        f"epoch, as a fraction of the baseline's (default: {Tolerances.nan_epoch})",
     )
     compare.add_argument(
         "--mae-tolerance",
         type=_fraction,
         default=Tolerances.mae,
         metavar="FRACTION",
-        help="allowed worsening of the median final MAE, as a fraction of the baseline's "
-        f"(default: {Tolerances.mae})",
+        help="across environments: allowed worsening of a run's final MAE, as a fraction of "
+        "the baseline's (default: the measured spread where there is one, else not compared)",
     )
     compare.set_defaults(plugin=[])  # compare reads CSVs only: no variant modules to import
 
@@ -204,9 +290,16 @@ def compare_command(args: argparse.Namespace) -> int:
     """Print the diff table; return 1 if a verdict changed, else 0."""
     new = load_results_dir(args.new)
     baseline = load_results_dir(args.baseline)
-    table = compare_results(new, baseline, Tolerances(args.nan_epoch_tolerance, args.mae_tolerance))
+    cases = sorted(set(baseline["case"]))
+    spreads = {case: read_spread(args.baseline, case) for case in cases}
+    table = compare_results(
+        new, baseline, Tolerances(args.nan_epoch_tolerance, args.mae_tolerance), spreads
+    )
     changed = table["changed"]
-    print(table.drop(columns="changed").to_markdown(index=False))
+    print(table.drop(columns=["changed", "why"]).to_markdown(index=False))
+    print()
+    for line in _comparisons_made(table, spreads, Tolerances(args.nan_epoch_tolerance)):
+        print(line)
     apart = int(table["status"].str.startswith("not comparable").sum())
     if apart:
         print(

@@ -56,6 +56,9 @@ class Case:
     plugins: tuple[str, ...] = ()
     #: ``KEY=VALUE`` overrides given on the command line (``--set``), in order.
     overrides: tuple[str, ...] = ()
+    #: Intra-op threads each run trains on (``--threads``; not a case key): 1 unless the
+    #: rounding spread of another layout is being measured (``stability.train.threads``).
+    threads: int = 1
 
 
 def _positive_int(value: Any) -> bool:

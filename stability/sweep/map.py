@@ -48,6 +48,7 @@ from stability.sweep.runner import (
     run_configs,
 )
 from stability.sweep.store import RunStore
+from stability.train.threads import can_train_here
 
 if TYPE_CHECKING:
     from stability.sweep.ray_executor import RayCluster
@@ -356,15 +357,14 @@ def run_map(
     """Train the map's grid, then its bisections round by round (each round of every
     (variant, distribution) in one batch), into ``out_dir``; returns the rows. ``resume``,
     ``overwrite``, ``workers`` and ``cluster`` as for ``runner.run_case``."""
+    can_train_here(m.case.threads)  # pins the layout if TensorFlow has not started yet
     first = point_case(m, m.distributions[0], m.scales[0], m.case.variants)
     build_variants(first, case_datasets(first)[0])  # a bad variant fails before the store
     settings = {"epochs": m.case.epochs, "dtype": m.case.dtype}
     store = RunStore(out_dir, m.name, resume, settings, overwrite)
 
     def run(configs, datasets, desc):
-        execute_runs(
-            configs, datasets, progress, store.add, desc, workers, cluster, m.case.jit_compile
-        )
+        execute_runs(configs, datasets, progress, store.add, desc, workers, cluster)
 
     try:
         runner = _MapRunner(m, store, run)

@@ -6,10 +6,11 @@ when ``--executor ray`` is chosen: the process pool (``stability.sweep.workers``
 default and needs no Ray.
 
 - Each run is one task asking for ``cpus_per_run`` CPUs; inside it TensorFlow's thread
-  pools are sized before its first op (``cpus_per_run`` intra-op threads, one inter-op), as
-  in a worker process. The thread count is part of the task's runtime environment, so Ray
-  keeps workers of different thread counts apart (the pools can only be sized once per
-  process).
+  pools are sized before its first op to the runs' layout (``stability.train.threads``: 1
+  intra-op and 1 inter-op thread unless measuring another), as in a worker process, so a
+  task's rows are a serial run's. The thread count is part of the task's runtime
+  environment, so Ray keeps workers of different thread counts apart (the pools can only be
+  sized once per process).
 - What a worker needs reaches it through Ray's runtime environment (``py_modules``): this
   ``stability`` package, so every node runs the driver's code, and the modules that
   register the sweep's variants (``--plugin`` modules). Data sets are built by the driver
@@ -44,6 +45,7 @@ from stability.sweep.workers import (
     train_run,
     variant_modules,
 )
+from stability.train.threads import LAYOUT
 
 #: The ``stability`` package folder, shipped to every worker.
 PACKAGE = Path(__file__).resolve().parents[1]
@@ -148,7 +150,7 @@ class RayCluster:
     def _check_imports(self) -> None:
         """Import the variant modules on a worker first, so that one that fails there ends
         the sweep with one line before anything is written."""
-        task = self._task(_import_on_worker, self.cpus_per_run)
+        task = self._task(_import_on_worker, LAYOUT[0])
         try:
             failure = self.ray.get(task.remote(self.modules))
         except self.ray.exceptions.RuntimeEnvSetupError as exc:
@@ -163,14 +165,14 @@ class RayCluster:
         progress: bool = True,
         on_result: Callable[[RunResult], None] | None = None,
         desc: str = "runs",
-        intra_threads: int | None = None,
+        intra_threads: int = LAYOUT[0],
     ) -> list[RunResult]:
-        """Train every run of ``configs`` as a Ray task. ``on_result`` sees each result as
-        soon as its run finishes; the list returned is in the order of ``configs``.
-        ``intra_threads`` overrides the intra-op threads (``cpus_per_run``)."""
+        """Train every run of ``configs`` as a Ray task on ``intra_threads`` x 1 threads (the
+        runs' layout). ``on_result`` sees each result as soon as its run finishes; the list
+        returned is in the order of ``configs``."""
         ray = self.ray
         modules = sorted({*self.modules, *variant_modules([v for _, v, _ in configs])})
-        task = self._task(_train_on_worker, intra_threads or self.cpus_per_run)
+        task = self._task(_train_on_worker, intra_threads)
         # Each data set goes into the object store once, however many runs train on it.
         stored: dict[int, Any] = {}
         cpus = ray.cluster_resources().get("CPU", 1)
@@ -267,8 +269,9 @@ def _size_threads(intra: int) -> None:
         with stderr_silenced():  # TensorFlow's C++ start-up notices
             import tensorflow as tf
 
-            tf.config.threading.set_intra_op_parallelism_threads(intra)
-            tf.config.threading.set_inter_op_parallelism_threads(1)
+            from stability.train.threads import require
+
+            require(intra, 1)
             tf.constant(0.0)
         _SIZED = (intra, 1)
     elif (intra, 1) != _SIZED:  # runtime_env keys workers by thread count: cannot happen

@@ -16,6 +16,7 @@ from stability.data import Dataset, load_dataset
 from stability.model.variants import get_variant
 from stability.sweep.cases import Case
 from stability.sweep.store import RUN_KEY, RunStore, run_key
+from stability.train.threads import LAYOUT, can_train_here
 from stability.train.trainer import TrainConfig, Trainer
 
 if TYPE_CHECKING:
@@ -40,6 +41,7 @@ def run_configs(case: Case) -> Iterator[tuple[str, TrainConfig]]:
                 num_layers=case.num_layers,
                 stop_at_nan=case.stop_at_nan,
                 jit_compile=case.jit_compile,
+                threads=case.threads,
             ),
         )
 
@@ -92,9 +94,12 @@ def run_case(
     (and not returned); with ``overwrite``, its rows are discarded.
     ``workers > 1`` trains that many runs at once in worker processes, ``cluster`` (a
     connected ``stability.sweep.ray_executor.RayCluster``) as Ray tasks; the rows and
-    their order stay those of a serial sweep (timing columns aside). A ``jit_compile``
-    case always trains in workers of one thread each, so that its rows do not depend on
-    ``workers`` either (``stability.sweep.workers``)."""
+    their order stay those of a serial sweep (timing columns aside).
+
+    Every run trains on the case's thread layout (``stability.train.threads``) in whichever
+    process trains it; where this process's TensorFlow already started on another layout,
+    the runs train in a worker process, so the rows are the same either way."""
+    can_train_here(case.threads)  # pins the layout if TensorFlow has not started yet
     datasets = case_datasets(case)
     build_variants(case, datasets[0])  # before the store: a bad variant leaves no CSV behind
     store = None
@@ -111,9 +116,7 @@ def run_case(
             if store is None or config_key(variant, config, dataset) not in store.done
         ]
         on_result = store.add if store is not None else None
-        return execute_runs(
-            configs, datasets, progress, on_result, case.name, workers, cluster, case.jit_compile
-        )
+        return execute_runs(configs, datasets, progress, on_result, case.name, workers, cluster)
     finally:
         if store is not None:  # also when interrupted: the CSVs show every finished run
             store.finish()
@@ -127,19 +130,23 @@ def execute_runs(
     desc: str,
     workers: int = 1,
     cluster: RayCluster | None = None,
-    jit_compile: bool = False,
 ) -> list[RunResult]:
     """Train ``configs`` (data set, variant, config) serially, in ``workers`` processes or
     on ``cluster``, as ``run_case`` describes; ``datasets`` number the data sets in the
-    progress output. Returns the results in the order of ``configs``."""
-    if cluster is not None or workers > 1 or jit_compile:
-        from stability.sweep.workers import XLA_THREADS, run_in_workers
+    progress output. Returns the results in the order of ``configs``.
 
-        # XLA's results depend on its thread count: pin it, whatever --workers is.
-        threads = XLA_THREADS if jit_compile else None
+    A serial sweep trains in this process when its TensorFlow runs the runs' thread layout
+    (or can still be pinned to it), else in one worker process of that layout."""
+    threads = {config.threads for _, _, config in configs} or {LAYOUT[0]}
+    if len(threads) > 1:
+        raise StabilityError(f"one sweep trains on one thread layout, not {sorted(threads)}")
+    (intra,) = threads
+    if cluster is not None or workers > 1 or not can_train_here(intra):
+        from stability.sweep.workers import run_in_workers
+
         if cluster is not None:
-            return cluster.run(configs, progress, on_result, desc, threads)
-        return run_in_workers(configs, workers, progress, on_result, desc, threads)
+            return cluster.run(configs, progress, on_result, desc, intra)
+        return run_in_workers(configs, workers, progress, on_result, desc, intra)
     return _run_serially(configs, datasets, progress, on_result, desc)
 
 

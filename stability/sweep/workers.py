@@ -3,19 +3,19 @@
 Runs are independent (each seeds everything and builds its own model), so N processes train
 N runs at once. Every worker is a fresh ``spawn``-ed interpreter: a forked child would
 inherit TensorFlow's already-started thread pools, and the pools' sizes can only be set
-before TensorFlow runs its first op. Each worker gets ``cores // workers`` intra-op threads
-and one inter-op thread, so that N workers do not oversubscribe the cores (a model this
-small gains little from intra-op threads, and oversubscription costs a lot).
+before TensorFlow runs its first op. Each worker trains on the runs' thread layout
+(``stability.train.threads``: 1 intra-op and 1 inter-op thread unless measuring another),
+whatever the number of workers or cores, so that the rows do not depend on either; on N
+cores, N workers keep every core busy.
 
 Each result goes to the store the moment its run finishes (``as_completed``), so a kill
 loses no finished run, whichever run finished first; the list returned is in the order of
 the configs given, so a parallel sweep returns (and its store renders) the rows of a serial
 one in the same order.
 
-Runs under ``jit_compile`` always train here, on ``XLA_THREADS`` intra-op thread each, even
-with one worker: XLA splits its loops by the number of threads, so its results depend on
-it (``tests/test_xla_threads.py`` shows a first-NaN step that moves with the thread count).
-Without XLA, TensorFlow's deterministic ops give the same rows on any number of threads.
+With or without XLA, the thread count moves the numbers: XLA splits its loops by it
+(``tests/test_xla_threads.py`` shows a first-NaN step that moves with it), and TensorFlow's
+own kernels shard their sums by it, deterministic ops or not (``tests/test_thread_layout.py``).
 """
 
 from __future__ import annotations
@@ -44,18 +44,6 @@ if TYPE_CHECKING:
 RunConfig = tuple[Dataset, str, "TrainConfig"]
 
 
-#: Intra-op threads of a worker that trains runs under XLA (see the module docstring).
-XLA_THREADS = 1
-
-
-def thread_counts(workers: int, cores: int | None = None) -> tuple[int, int]:
-    """(intra-op, inter-op) threads for each of ``workers`` processes on ``cores`` cores."""
-    if workers < 1:
-        raise StabilityError(f"--workers {workers} must be at least 1")
-    cores = cores or os.cpu_count() or 1
-    return max(1, cores // workers), 1
-
-
 def variant_modules(names: Sequence[str]) -> list[str]:
     """The modules that register ``names``; a worker imports them to see the same registry.
 
@@ -82,8 +70,9 @@ def _start_worker(intra: int, inter: int, modules: list[str], path: list[str]) -
     with stderr_silenced():  # as in __main__: TensorFlow's C++ start-up notices
         import tensorflow as tf
 
-        tf.config.threading.set_intra_op_parallelism_threads(intra)
-        tf.config.threading.set_inter_op_parallelism_threads(inter)
+        from stability.train.threads import require
+
+        require(intra, inter)
         tf.constant(0.0)  # start the device (and its CUDA probing) while stderr is silenced
     for module in modules:
         importlib.import_module(module)
@@ -129,16 +118,17 @@ def run_in_workers(
     progress: bool = True,
     on_result: Callable[[RunResult], None] | None = None,
     desc: str = "runs",
-    intra_threads: int | None = None,
+    intra_threads: int = 1,
 ) -> list[RunResult]:
-    """Train every run of ``configs`` in ``workers`` processes.
+    """Train every run of ``configs`` in ``workers`` processes of ``intra_threads`` x 1
+    threads (the runs' layout, ``TrainConfig.threads``).
 
     ``on_result`` sees each result as soon as its run finishes, in the order they finish;
-    the list returned is in the order of ``configs``. ``intra_threads`` overrides each
-    worker's share of the cores (``thread_counts``).
+    the list returned is in the order of ``configs``.
     """
-    intra, inter = thread_counts(workers)
-    intra = intra_threads or intra
+    if workers < 1:
+        raise StabilityError(f"--workers {workers} must be at least 1")
+    intra, inter = intra_threads, 1
     modules = variant_modules([variant for _, variant, _ in configs])
     context = multiprocessing.get_context("spawn")
     finished: dict[int, RunResult] = {}

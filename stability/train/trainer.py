@@ -17,6 +17,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from stability.core.environment import describe
 from stability.core.errors import StabilityError
 from stability.core.limits import exp_limits
 from stability.core.results import EpochRecord, RunResult
@@ -47,6 +48,7 @@ from stability.train.replay import (
     transformed,
     xla_gradient_site,
 )
+from stability.train.threads import LAYOUT, current, layout_name, require
 
 #: Dtype policies a run accepts: a float dtype, or Keras' mixed policy (float16 compute,
 #: float32 weights), where the naive softmax's exp already overflows above 11.09.
@@ -90,6 +92,9 @@ class TrainConfig:
     #: batch when the step needs it. 0 by default: the thread needs a free core, and a
     #: sweep with --workers 2 on 2 cores leaves none (docs/performance.md, "Host-side prefetch").
     prefetch: int = 0
+    #: Intra-op threads the run trains on (inter-op: 1). 1 by default, the layout of the
+    #: committed reports: another count rounds the sums differently (``stability.train.threads``).
+    threads: int = LAYOUT[0]
 
 
 def seed_everything(seed: int) -> None:
@@ -426,6 +431,7 @@ class Trainer:
         cfg, data = self.config, self.dataset
         if data.nonfinite_input is not None:  # the user's NaN, not training's: do not train
             return input_nan_result(self.variant.name, data, cfg)
+        require(cfg.threads, LAYOUT[1])  # before build: its ops would start TensorFlow
         started = time.perf_counter()
         recipe = self.build()
         signature = input_signature(data.num_features, storage_dtype(cfg.dtype))
@@ -759,6 +765,7 @@ def new_result(variant: str, data: Dataset, cfg: TrainConfig, **fields: Any) -> 
         epochs=cfg.epochs,
         dtype=cfg.dtype,
         tf_version=tf.__version__,
+        environment=describe(layout_name(current())),
         **fields,
     )
 
