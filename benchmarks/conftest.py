@@ -17,7 +17,24 @@ import pytest
 import tensorflow as tf
 from pytest_benchmark.stats import Stats
 
+from stability.train.threads import pin
+
+# Every run trains on the fixed thread layout (1 x 1), here as in the test suite and the
+# command line; set before any benchmark starts TensorFlow.
+assert pin(), "TensorFlow started before benchmarks/conftest.py could pin its thread layout"
+
 REPORT = Path(__file__).parent.parent / "reports" / "bench.md"
+
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # Workers would time their ways on shared cores and write bench.md at once.
+    raise pytest.UsageError("run the benchmarks in one process: python -m pytest benchmarks -n 0")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_xdist_auto_num_workers(config) -> int:
+    """The default run's ``-n auto`` (pyproject's addopts) means no workers here: the
+    benchmarks time their ways side by side in one process."""
+    return 0
 
 #: section -> list of rows {"way": ..., "median ms": ..., ...}, filled by the benchmarks.
 MEASURED: dict[str, list[dict]] = {}

@@ -123,3 +123,25 @@ def test_different_data_or_settings_are_said_per_row_and_not_a_regression(baseli
     others = table.drop(index=first)
     assert others["status"].str.startswith("not comparable: epochs differ (").all()
     assert not table["changed"].any()
+
+
+def test_rows_of_one_recorded_environment_are_compared_exactly(baseline):
+    from stability.core.environment import describe
+
+    here = baseline.assign(environment=describe("1x1"))
+    table = compare_results(here.copy(), here)
+    assert set(table["comparison"]) == {"exact"} and not table["changed"].any()
+    _, failing = _finite_and_nan_variants(here)
+    new = here.copy()
+    rows = new["variant"] == failing
+    new.loc[rows, "best_mae"] = new.loc[rows, "best_mae"] * (1 + 1e-12)
+    table = compare_results(new, here).set_index("variant")
+    assert table.loc[failing, "changed"], "a change within one environment must count"
+    assert "best_mae" in table.loc[failing, "status"]
+    assert table["changed"].sum() == 1
+
+
+def test_rows_of_an_old_csv_are_compared_across_environments(baseline):
+    table = compare_results(baseline.copy(), baseline)
+    assert set(table["comparison"]) == {"across environments"}
+    assert set(table["why"]) == {"environments differ: environment not recorded"}

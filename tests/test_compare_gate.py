@@ -29,11 +29,37 @@ def test_the_smoke_main_job_keeps_the_committed_verdicts(tmp_path, capsys):
     assert code == 0, capsys.readouterr().out
 
 
-def test_the_gate_fails_on_a_planted_change(tmp_path, capsys):
-    planted = tmp_path / "new"
-    shutil.copytree(BASELINE, planted)
-    frame = pd.read_csv(planted / "seed.csv")
-    frame.loc[frame["variant"] == "stable_softmax", "final_mae"] *= 2.0
-    frame.to_csv(planted / "seed.csv", index=False)
-    assert cli.main(["compare", str(planted), str(BASELINE)]) == EXIT_VERDICT_CHANGED
-    assert "stable_softmax" in capsys.readouterr().out
+def planted(tmp_path: Path, change) -> Path:
+    """A copy of the baseline with ``change`` applied to its seed.csv frame."""
+    folder = tmp_path / "new"
+    shutil.copytree(BASELINE, folder)
+    frame = pd.read_csv(folder / "seed.csv")
+    change(frame)
+    frame.to_csv(folder / "seed.csv", index=False)
+    return folder
+
+
+def test_the_gate_fails_on_a_planted_change_in_the_same_environment(tmp_path, capsys):
+    def worse_mae(frame):
+        frame.loc[frame["variant"] == "stable_softmax", "final_mae"] *= 1.0 + 1e-9
+
+    folder = planted(tmp_path, worse_mae)
+    assert cli.main(["compare", str(folder), str(BASELINE)]) == EXIT_VERDICT_CHANGED
+    out = capsys.readouterr().out
+    assert "stable_softmax" in out and "compared exactly: same environment" in out
+
+
+def test_the_gate_fails_on_a_planted_change_in_another_environment(tmp_path, capsys):
+    """Another environment (another TensorFlow) is compared by what holds on any machine: a
+    run that now fails changes its verdict there too."""
+
+    def elsewhere_and_failing(frame):
+        frame["environment"] = frame["environment"].str.replace(
+            "tensorflow ", "tensorflow 0.0.0-", regex=False
+        )
+        frame.loc[frame["variant"] == "stable_softmax", "first_nan_epoch"] = 2
+
+    folder = planted(tmp_path, elsewhere_and_failing)
+    assert cli.main(["compare", str(folder), str(BASELINE)]) == EXIT_VERDICT_CHANGED
+    out = capsys.readouterr().out
+    assert "now hits NaN" in out and "compared across environments" in out

@@ -31,6 +31,9 @@ from stability.sweep.runner import run_case
 
 RAY = Path(sys.executable).with_name("ray")
 
+# Under pytest-xdist every Ray test runs in one worker process, one Ray at a time.
+pytestmark = pytest.mark.xdist_group("ray")
+
 # A variant that lives in a plugin file beside the case, not on any worker's path: the
 # workers can only train it if the runtime environment ships it.
 PLUGIN = '''
@@ -133,6 +136,19 @@ def test_a_local_ray_gives_the_serial_rows(in_folder, reference, tmp_path):
 
     assert not ray.is_initialized(), "the local instance this run started must be stopped"
     assert_serial_rows(out, reference)
+
+
+def test_a_local_ray_trains_the_thread_sensitive_case_as_this_process_does(tmp_path):
+    """The case that 2 intra-op threads move (tests/test_thread_layout.py): a Ray task
+    trains it on the fixed layout, as this process does."""
+    from test_thread_layout import THREADS_CASE, rows
+
+    run_case(parse_case(THREADS_CASE, source="threads"), tmp_path / "serial", progress=False)
+    path = tmp_path / "threads.toml"
+    path.write_text(THREADS_CASE)
+    out = tmp_path / "ray"
+    assert main(["run", str(path), "--executor", "ray", "--out", str(out), "--no-progress"]) == 0
+    pd.testing.assert_frame_equal(rows(out), rows(tmp_path / "serial"))
 
 
 @pytest.fixture(scope="module")

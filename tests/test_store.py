@@ -115,8 +115,8 @@ def test_the_csvs_have_the_bytes_of_the_rows_as_rendered_before(tmp_path):
     store.finish()
     head = ",".join(RESULT_FIELDS)
     assert (tmp_path / "tiny.csv").read_text() == (
-        # The last seven cells: the columns issues 14 and 21 appended, empty for this row.
-        f"{head}\ntiny,raw_e,0,d,16,0.01,2,float32,2,,,,,,0.5,,,,0.0,0.0,,,,,,,,\n"
+        # The last eight cells: the columns issues 14, 21 and 25 appended, empty for this row.
+        f"{head}\ntiny,raw_e,0,d,16,0.01,2,float32,2,,,,,,0.5,,,,0.0,0.0,,,,,,,,,\n"
     )
 
 

@@ -195,3 +195,31 @@ def test_a_bad_distribution_in_a_case_is_a_one_line_error(tmp_path, capsys):
     assert code == 2, stderr
     lines = stderr.strip().splitlines()
     assert len(lines) == 1 and "distribution='gauss'" in lines[0], stderr
+
+
+def test_the_key_names_the_hypothesis_version_and_another_one_is_refused():
+    from hypothesis import __version__
+
+    dataset = load_dataset("generated", seed=4, **GENERATED)
+    assert f"hypothesis={__version__!r}" in dataset.key
+    older = dataset.key.replace(f"hypothesis={__version__!r}", "hypothesis='6.0.0'")
+    with pytest.raises(StabilityError, match=r"drawn with hypothesis 6\.0\.0.*whose draw may"):
+        dataset_from_key(older)
+
+
+def test_resume_refuses_runs_drawn_by_another_hypothesis_version(tmp_path, capsys):
+    """A store whose rows came from another Hypothesis' draw: --resume would mix two draws."""
+    from hypothesis import __version__
+
+    path = tmp_path / "generated.toml"
+    path.write_text(GENERATED_CASE.replace("num_datasets = 2", "num_datasets = 1"))
+    out = tmp_path / "out"
+    assert main(["run", str(path), "--out", str(out), "--no-progress"]) == 0
+    csv = out / "tiny.csv"
+    csv.write_text(csv.read_text().replace(f"hypothesis='{__version__}'", "hypothesis='6.0.0'"))
+    for stale in out.glob("tiny.runs.sqlite*"):
+        stale.unlink()  # the CSV is taken back into a new store on --resume
+    code = main(["run", str(path), "--out", str(out), "--resume", "--no-progress"])
+    err = capsys.readouterr().err
+    assert code == 2 and "hypothesis='6.0.0'" in err and "--resume cannot mix" in err, err
+    assert "hypothesis='6.0.0'" in csv.read_text(), "the refused resume rewrote the CSV"

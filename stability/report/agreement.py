@@ -67,8 +67,12 @@ def compare_rows(
     base: Mapping[str, object],
     epoch_tolerance: float,
     mae_tolerance: float | None = None,
+    unstable: tuple[str, ...] = (),
 ) -> Agreement:
-    """Compare ``new`` with ``base`` (two rows of one run, as CSV dicts or ``row()``s)."""
+    """Compare ``new`` with ``base`` (two rows of one run, as CSV dicts or ``row()``s).
+
+    Across environments, ``unstable`` names the columns of how a run failed that rounding
+    alone was measured to change (``Spread.unstable_fields``); they are not compared."""
     kind, why = kind_of(_text(new.get("environment")), _text(base.get("environment")))
     if kind == EXACT:
         problems = tuple(
@@ -77,10 +81,11 @@ def compare_rows(
             if name not in UNCOMPARED and _text(new.get(name)) != _text(base.get(name))
         )
         return Agreement(kind, why, problems)
-    return Agreement(kind, why, tuple(_across(new, base, epoch_tolerance, mae_tolerance)))
+    problems = _across(new, base, epoch_tolerance, mae_tolerance, unstable)
+    return Agreement(kind, why, tuple(problems))
 
 
-def _across(new, base, epoch_tolerance: float, mae_tolerance: float | None) -> list[str]:
+def _across(new, base, epoch_tolerance, mae_tolerance, unstable) -> list[str]:
     failed_new, failed_base = _number(new, "first_nan_epoch"), _number(base, "first_nan_epoch")
     if math.isnan(failed_new) != math.isnan(failed_base):
         return ["now stays finite" if math.isnan(failed_new) else "now fails"]
@@ -90,7 +95,9 @@ def _across(new, base, epoch_tolerance: float, mae_tolerance: float | None) -> l
             f"{name} {_text(base.get(name))!r} -> {_text(new.get(name))!r}"
             for name in FAILURE_FIELDS
             # An empty base value was not recorded (a CSV older than the column).
-            if _text(base.get(name)) and _text(new.get(name)) != _text(base.get(name))
+            if name not in unstable
+            and _text(base.get(name))
+            and _text(new.get(name)) != _text(base.get(name))
         ]
         allowed = epoch_allowance(failed_base, epoch_tolerance)
         if abs(failed_new - failed_base) > allowed:

@@ -190,8 +190,12 @@ def _status(
     base_nan, new_nan = row["nan_runs_base"] > 0, row["nan_runs_new"] > 0
     if base_nan != new_nan:
         return "now hits NaN" if new_nan else "now stays finite"
-    epoch_tol = spread.epoch_tolerance if spread is not None else tol.nan_epoch
-    mae_tol = tol.mae if tol.mae is not None else (spread.mae if spread is not None else None)
+    variant = new["variant"].iloc[0]
+    epoch_tol = spread.epoch_tolerance(variant) if spread is not None else tol.nan_epoch
+    mae_tol = tol.mae
+    if mae_tol is None and spread is not None:
+        mae_tol = spread.mae_tolerance(variant)
+    unstable = spread.unstable_fields(variant) if spread is not None else ()
     problems = []
     paired = base.merge(new, on=PAIR_KEYS, suffixes=("_base", "_new"))
     columns = [c for c in base.columns if c not in PAIR_KEYS]
@@ -201,6 +205,7 @@ def _status(
             {c: both.get(f"{c}_base") for c in columns},
             epoch_tol,
             mae_tol,
+            unstable,
         )
         if not agreement.ok:
             problems.append(f"seed {both['seed']}: " + ", ".join(agreement.problems))
@@ -239,9 +244,10 @@ def _comparisons_made(
             )
         else:
             lines.append(
-                f"{case}: rounding spread measured on layouts {', '.join(spread.layouts)}: "
-                f"first-failure epochs may move by {spread.epoch:.2%} (at least 1 epoch), "
-                f"final MAEs by {spread.mae:.2%}"
+                f"{case}: rounding spread measured on layouts {', '.join(spread.layouts)} "
+                f"({case}.spread.md): each variant's first-failure epochs may move by its "
+                f"measured spread (at least 1 epoch; {spread.overall.epoch:.2%} for a variant "
+                f"not measured), final MAEs by theirs (up to {spread.overall.mae:.2%})"
             )
     return lines
 

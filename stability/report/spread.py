@@ -56,30 +56,57 @@ def stack_layouts(frames: dict[str, pd.DataFrame]) -> pd.DataFrame:
 
 
 @dataclass(frozen=True)
+class Moves:
+    """What rerunning moved, over a set of runs (a variant's, or all of them)."""
+
+    runs: int = 0
+    failed: int = 0
+    #: The largest |epoch move| / reference epoch over failed runs and layouts (0 if none).
+    epoch: float = 0.0
+    #: The largest move in epochs.
+    epoch_moves: float = 0.0
+    #: How many reruns moved their first-failure epoch at all.
+    moved: int = 0
+    #: The largest |final MAE move| / reference MAE over runs finite on both layouts.
+    mae: float = 0.0
+    #: Reruns whose verdict (failed or not) differs from the reference's.
+    verdict_flips: int = 0
+    #: Reruns whose failing stage, kind, cause or op differs from the reference's.
+    how_changes: int = 0
+    #: Which of those columns rounding changed (they do not hold across environments).
+    unstable: tuple[str, ...] = ()
+    #: Pairs of runs finite on both layouts, whose MAEs ``mae`` compares (0: not measured).
+    mae_pairs: int = 0
+
+
+@dataclass(frozen=True)
 class Spread:
-    """What rerunning on other layouts moved, against the reference layout's runs."""
+    """What rerunning on other layouts moved, against the reference layout's runs: over
+    every run (``overall``) and per variant (``by_variant``)."""
 
     reference: str
     layouts: tuple[str, ...]
-    runs: int
-    failed: int
-    #: The largest |epoch move| / reference epoch, over failed runs and layouts (0 if none).
-    epoch: float
-    #: The largest move in epochs.
-    epoch_moves: float
-    #: How many reruns moved their first-failure epoch at all.
-    moved: int
-    #: The largest |final MAE move| / reference MAE over runs finite on both layouts.
-    mae: float
-    #: Reruns whose verdict (failed or not) differs from the reference's.
-    verdict_flips: int
-    #: Reruns whose failing stage, kind, cause or op differs from the reference's.
-    how_changes: int
+    overall: Moves
+    by_variant: dict[str, Moves]
 
-    @property
-    def epoch_tolerance(self) -> float:
-        """The tolerance a comparison across environments allows the first-failure epoch."""
-        return self.epoch
+    def epoch_tolerance(self, variant: str | None = None) -> float:
+        """The tolerance a comparison across environments allows a run's first-failure
+        epoch: the spread measured on ``variant``'s runs, or on every run for a variant
+        that was not measured (the widest measured, so never narrower than known)."""
+        return self._moves(variant).epoch
+
+    def mae_tolerance(self, variant: str | None = None) -> float | None:
+        """The measured final-MAE spread, or None where no run stayed finite on two layouts."""
+        moves = self._moves(variant)
+        return moves.mae if moves.mae_pairs else None
+
+    def unstable_fields(self, variant: str | None = None) -> tuple[str, ...]:
+        """The columns of how a run failed that rounding changed on ``variant``'s runs
+        (every variant's for one not measured): a comparison across environments skips them."""
+        return self._moves(variant).unstable
+
+    def _moves(self, variant: str | None) -> Moves:
+        return self.by_variant.get(variant, self.overall) if variant else self.overall
 
 
 def measure(frame: pd.DataFrame) -> Spread:
@@ -89,14 +116,21 @@ def measure(frame: pd.DataFrame) -> Spread:
         raise StabilityError(
             f"a spread needs runs on at least two thread layouts; the rows have {layouts}"
         )
-    reference = layouts[0]
-    keyed = frame.assign(threads=frame["threads"].astype(str)).set_index(RUN)
-    base = keyed[keyed["threads"] == reference]
+    keyed = frame.assign(threads=frame["threads"].astype(str))
+    by_variant = {
+        variant: _moves(rows, layouts) for variant, rows in keyed.groupby("variant", sort=True)
+    }
+    return Spread(layouts[0], layouts, _moves(keyed, layouts), by_variant)
+
+
+def _moves(keyed: pd.DataFrame, layouts: tuple[str, ...]) -> Moves:
+    base = keyed[keyed["threads"] == layouts[0]]
     epoch = epoch_moves = mae = 0.0
-    moved = flips = how = 0
+    moved = flips = how = pairs = 0
+    unstable: set[str] = set()
     for layout in layouts[1:]:
         other = keyed[keyed["threads"] == layout]
-        joined = base.join(other, rsuffix="_other", how="inner")
+        joined = base.merge(other, on=RUN, suffixes=("", "_other"))
         for _, row in joined.iterrows():
             e0, e1 = _num(row["first_nan_epoch"]), _num(row["first_nan_epoch_other"])
             if math.isnan(e0) != math.isnan(e1):
@@ -106,14 +140,19 @@ def measure(frame: pd.DataFrame) -> Spread:
                 move = abs(e1 - e0)
                 moved += move > 0
                 epoch, epoch_moves = max(epoch, move / e0), max(epoch_moves, move)
-                how += any(
-                    _text(row[name]) != _text(row[f"{name}_other"]) for name in FAILURE_FIELDS
-                )
+                changed = {
+                    name
+                    for name in FAILURE_FIELDS
+                    if _text(row[name]) != _text(row[f"{name}_other"])
+                }
+                how += bool(changed)
+                unstable |= changed
             m0, m1 = _num(row["final_mae"]), _num(row["final_mae_other"])
             if not (math.isnan(m0) or math.isnan(m1)) and m0 > 0:
-                mae = max(mae, abs(m1 - m0) / m0)
+                mae, pairs = max(mae, abs(m1 - m0) / m0), pairs + 1
     failed = int(base["first_nan_epoch"].notna().sum())
-    return Spread(reference, layouts, len(base), failed, epoch, epoch_moves, moved, mae, flips, how)
+    ordered = tuple(name for name in FAILURE_FIELDS if name in unstable)
+    return Moves(len(base), failed, epoch, epoch_moves, moved, mae, flips, how, ordered, pairs)
 
 
 def read_spread(folder: Path, case: str) -> Spread | None:
@@ -133,36 +172,63 @@ def read_spread(folder: Path, case: str) -> Spread | None:
 
 def spread_markdown(case: str, frame: pd.DataFrame, spread: Spread) -> str:
     """``<case>.spread.md``: what rerunning on other layouts moved, from the rows."""
+    moves = spread.overall
     envs = sorted({parse(e).get("cpu", "") for e in frame["environment"].dropna()} - {""})
     others = ", ".join(spread.layouts[1:])
     lines = [
         f"# Rounding spread: {case}",
         "",
         f"Every run of `{case}` on the reference thread layout {spread.reference} "
-        f"(intra x inter-op threads), rerun on {others}: {spread.runs} run(s), "
-        f"{spread.failed} of which failed on the reference layout.",
+        f"(intra x inter-op threads), rerun on {others}: {moves.runs} run(s), "
+        f"{moves.failed} of which failed on the reference layout.",
         "",
     ]
     if envs:
         lines += [f"CPU: {'; '.join(envs)}.", ""]
-    if spread.failed:
+    if moves.failed:
         lines.append(
-            f"- First-failure epoch: {spread.moved} rerun(s) moved it; the largest move is "
-            f"{spread.epoch_moves:g} epoch(s), {_share(spread.epoch)} of the reference epoch. "
-            f"That fraction is the epoch tolerance of a comparison across environments."
+            f"- First-failure epoch: {moves.moved} rerun(s) moved it; the largest move is "
+            f"{moves.epoch_moves:g} epoch(s), {_share(moves.epoch)} of the reference epoch. "
+            "Per variant below; a variant's largest fraction is its epoch tolerance in a "
+            "comparison across environments, the largest of all for a variant not measured."
         )
         lines.append(
-            f"- How the runs failed (stage, kind, cause, op): {spread.how_changes} rerun(s) "
-            "of a failed run changed it."
+            f"- How the runs failed (stage, kind, cause, op): {moves.how_changes} rerun(s) "
+            "of a failed run changed it"
+            + (
+                f" ({', '.join(moves.unstable)}); a comparison across environments does not "
+                "compare those columns for the variants whose reruns changed them."
+                if moves.unstable
+                else "."
+            )
         )
     lines.append(
-        f"- Verdicts: {spread.verdict_flips} rerun(s) failed where the reference stayed "
+        f"- Verdicts: {moves.verdict_flips} rerun(s) failed where the reference stayed "
         "finite, or the other way round."
     )
-    lines.append(
-        f"- Final MAE: the largest move is {_share(spread.mae)} of the reference's, over runs "
-        "finite on both layouts."
+    if moves.mae_pairs:
+        lines.append(
+            f"- Final MAE: the largest move is {_share(moves.mae)} of the reference's, over "
+            f"{moves.mae_pairs} pair(s) of runs finite on both layouts."
+        )
+    per_variant = pd.DataFrame(
+        [
+            {
+                "variant": variant,
+                "runs": m.runs,
+                "failed": m.failed,
+                "reruns moved": m.moved,
+                "largest move (epochs)": f"{m.epoch_moves:g}",
+                "epoch tolerance": _share(m.epoch),
+                "how changed": m.how_changes,
+                "columns it changed": ", ".join(m.unstable) or "-",
+                "verdict flips": m.verdict_flips,
+                "largest MAE move": _share(m.mae) if m.mae_pairs else "-",
+            }
+            for variant, m in spread.by_variant.items()
+        ]
     )
+    lines += ["", "Per variant:", "", per_variant.to_markdown(index=False)]
     index = ["variant", "seed", "batch_size", "learning_rate"]
     table = (
         frame.assign(threads=frame["threads"].astype(str))

@@ -160,6 +160,7 @@ def markdown_report(
                 "batch sizes",
                 "learning rates",
                 "TensorFlow",
+                "environment",
             ],
             "value": [
                 # A case with num_datasets > 1 trains on several; name each of them.
@@ -170,6 +171,7 @@ def markdown_report(
                 ", ".join(str(b) for b in sorted(frame["batch_size"].unique())),
                 ", ".join(f"{x:g}" for x in sorted(frame["learning_rate"].unique())),
                 str(first["tf_version"]),
+                _environments(frame),
             ],
         }
     )
@@ -191,6 +193,19 @@ def markdown_report(
         _reading_guide(frame),
     ]
     return "\n\n".join(p for p in parts if p) + "\n"
+
+
+def _environments(frame: pd.DataFrame) -> str:
+    """The environments the rows were made in (libraries, thread layout, CPU), with how
+    many runs each; rows older than the column have none recorded."""
+    column = frame["environment"].fillna("") if "environment" in frame else pd.Series([""])
+    counts = column.value_counts(sort=False)
+    if len(counts) == 1:
+        (env,) = counts.index
+        return env or "not recorded (rows older than the environment column)"
+    return "<br>".join(
+        f"{n} run(s): {env or 'not recorded'}" for env, n in sorted(counts.items(), key=str)
+    )
 
 
 def _reference_line(frame: pd.DataFrame) -> str:

@@ -1,0 +1,152 @@
+"""Comparing two rows of one run: exactly in one environment, by what holds on any machine
+across two; the rounding spread those comparisons allow, measured from rows."""
+
+import math
+
+import pandas as pd
+import pytest
+
+from stability.core.environment import describe, differences, parse, same_environment
+from stability.report.agreement import ACROSS, EXACT, compare_rows, epoch_allowance
+from stability.report.spread import measure, spread_markdown
+
+HERE = describe("1x1")
+OTHER_THREADS = describe("2x1")
+
+
+def failed(epoch: int, env: str = HERE, **changes) -> dict[str, str]:
+    row = {
+        "case": "seed",
+        "variant": "raw_e",
+        "seed": "0",
+        "first_nan_epoch": str(epoch),
+        "first_nan_step": str(epoch * 56),
+        "first_nan_where": "forward",
+        "failure_kind": "nonfinite",
+        "failure_cause": "forward underflow (0/0)",
+        "first_nan_op": "RealDiv (softmax_div)",
+        "final_mae": "",
+        "best_mae": "0.42",
+        "wall_seconds": "10.0",
+        "environment": env,
+    }
+    return {**row, **changes}
+
+
+def test_the_environment_line_reads_back():
+    facts = parse(HERE)
+    assert facts["threads"] == "1x1"
+    for name in ("tensorflow", "keras", "numpy", "hypothesis", "python", "cpu"):
+        assert facts[name], name
+    assert differences(HERE, OTHER_THREADS) == ["threads 1x1 vs 2x1"]
+    assert differences(HERE, "") == ["environment not recorded"]
+    assert same_environment(HERE, HERE) and not same_environment("", "")
+
+
+def test_rows_of_one_environment_must_be_identical_but_for_timing():
+    base = failed(71)
+    assert compare_rows({**base, "wall_seconds": "99"}, base, 0.5).ok
+    moved = compare_rows(failed(71, best_mae="0.4200001"), base, 0.5)
+    assert moved.kind == EXACT and not moved.ok
+    assert "best_mae" in moved.problems[0]
+
+
+def test_across_environments_the_epoch_may_move_within_the_measured_spread():
+    base = failed(100)
+    within = compare_rows(failed(103, OTHER_THREADS, best_mae="0.5"), base, 0.03)
+    assert within.kind == ACROSS and within.ok, within.describe()
+    beyond = compare_rows(failed(104, OTHER_THREADS), base, 0.03)
+    assert not beyond.ok and "epoch 100 -> 104" in beyond.problems[0]
+
+
+@pytest.mark.parametrize(
+    ("change", "word"),
+    [
+        ({"first_nan_op": "Exp (softmax_exp)"}, "first_nan_op"),
+        ({"failure_cause": "forward overflow"}, "failure_cause"),
+        ({"first_nan_where": "gradient"}, "first_nan_where"),
+    ],
+)
+def test_across_environments_how_a_run_failed_must_hold(change, word):
+    agreement = compare_rows(failed(100, OTHER_THREADS, **change), failed(100), 0.5)
+    assert not agreement.ok and word in agreement.problems[0]
+
+
+def test_across_environments_a_verdict_flip_is_a_change():
+    finite = failed(100, OTHER_THREADS, first_nan_epoch="", final_mae="0.3")
+    assert compare_rows(finite, failed(100), 0.5).problems == ("now stays finite",)
+    finite_here = {**finite, "environment": HERE}
+    assert compare_rows(failed(100, OTHER_THREADS), finite_here, 0.5).problems == ("now fails",)
+
+
+def test_the_mae_is_compared_across_environments_only_with_a_tolerance():
+    base = failed(100, first_nan_epoch="", final_mae="1.0")
+    worse = failed(100, OTHER_THREADS, first_nan_epoch="", final_mae="3.0")
+    assert compare_rows(worse, base, 0.1).ok
+    assert not compare_rows(worse, base, 0.1, mae_tolerance=1.5).ok
+    assert compare_rows(worse, base, 0.1, mae_tolerance=2.5).ok
+
+
+def test_an_epoch_may_always_move_by_one():
+    assert epoch_allowance(71, 0.0) == 1
+    assert epoch_allowance(100, 0.05) == 5
+    assert epoch_allowance(30, 0.05) == 1
+
+
+def spread_rows(epochs: dict[str, list[float]], maes: dict[str, list[float]]) -> pd.DataFrame:
+    rows = []
+    for threads in epochs:
+        for seed, (epoch, mae) in enumerate(zip(epochs[threads], maes[threads], strict=True)):
+            rows.append(
+                {
+                    **failed(0, describe(threads)),
+                    "seed": seed,
+                    "dataset": "d",
+                    "batch_size": 32,
+                    "learning_rate": 0.01,
+                    "threads": threads,
+                    "first_nan_epoch": epoch,
+                    "final_mae": mae,
+                }
+            )
+    return pd.DataFrame(rows)
+
+
+def test_the_spread_is_the_largest_move_against_the_reference_layout():
+    nan = math.nan
+    frame = spread_rows(
+        {"1x1": [50, 100, nan], "2x1": [51, 100, nan], "8x1": [50, 104, nan]},
+        {"1x1": [nan, nan, 1.0], "2x1": [nan, nan, 1.2], "8x1": [nan, nan, 0.9]},
+    )
+    spread = measure(frame)
+    assert spread.reference == "1x1" and spread.layouts == ("1x1", "2x1", "8x1")
+    moves = spread.overall
+    assert (moves.runs, moves.failed, moves.moved) == (3, 2, 2)
+    assert moves.epoch == pytest.approx(0.04) and moves.epoch_moves == 4
+    assert moves.mae == pytest.approx(0.2)
+    assert moves.verdict_flips == 0 and moves.how_changes == 0
+    assert spread.epoch_tolerance("raw_e") == spread.epoch_tolerance() == moves.epoch
+    text = spread_markdown("seed", frame, spread)
+    assert "4 epoch(s), 4.00% of the reference epoch" in text
+    assert "2 rerun(s) moved it" in text
+
+
+def test_each_variant_has_its_own_tolerance_and_an_unmeasured_one_the_widest():
+    nan = math.nan
+    calm = spread_rows({"1x1": [100, 100], "2x1": [101, 100]}, {"1x1": [nan] * 2, "2x1": [nan] * 2})
+    wild = calm.assign(variant="sigma_clip")
+    wild.loc[wild["threads"] == "2x1", "first_nan_epoch"] = [150, 100]
+    spread = measure(pd.concat([calm, wild], ignore_index=True))
+    assert spread.epoch_tolerance("raw_e") == pytest.approx(0.01)
+    assert spread.epoch_tolerance("sigma_clip") == pytest.approx(0.5)
+    assert spread.epoch_tolerance("never_measured") == pytest.approx(0.5)
+
+
+def test_a_verdict_that_flips_with_the_layout_is_counted():
+    nan = math.nan
+    frame = spread_rows({"1x1": [50, nan], "2x1": [nan, 70]}, {"1x1": [nan, 1], "2x1": [2, nan]})
+    spread = measure(frame)
+    assert spread.overall.verdict_flips == 2 and spread.overall.epoch == 0
+    assert "2 rerun(s) failed where the reference stayed finite" in spread_markdown(
+        "seed", frame, spread
+    )
