@@ -27,6 +27,9 @@ ROOT = Path(__file__).parent.parent
 SEED_CASE = ROOT / "cases" / "seed.toml"
 REPORTS = ROOT / "reports"
 
+# Under pytest-xdist this file's tests share their module fixtures in one worker.
+pytestmark = pytest.mark.xdist_group("headline")
+
 
 def read(path: Path) -> list[dict[str, str]]:
     with open(path, newline="", encoding="utf-8") as handle:

@@ -22,6 +22,8 @@ from stability.sweep.store import store_path
 
 ROOT = Path(__file__).parent.parent
 TWO_SEEDS = TINY_CASE.replace("seeds = [0]", "seeds = [0, 1]")  # 4 runs
+# Under pytest-xdist this file's tests share their module fixtures in one worker.
+pytestmark = pytest.mark.xdist_group("resume")
 # The run writes the plots too (issue 5): `<case>.logits.png`, `<case>.mae.png` and
 # (issue 21) `<case>.grads.png`.
 EXPECTED_FILES = sorted(

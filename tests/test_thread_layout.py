@@ -29,6 +29,9 @@ from stability.train.trainer import Trainer
 
 ROOT = Path(__file__).parent.parent
 
+# Under pytest-xdist this file's tests share their module fixtures in one worker.
+pytestmark = pytest.mark.xdist_group("thread_layout")
+
 THREADS_CASE = """
 name = "threads"
 variants = ["stable_softmax"]
