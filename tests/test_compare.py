@@ -145,3 +145,12 @@ def test_rows_of_an_old_csv_are_compared_across_environments(baseline):
     table = compare_results(baseline.copy(), baseline)
     assert set(table["comparison"]) == {"across environments"}
     assert set(table["why"]) == {"environments differ: environment not recorded"}
+
+
+def test_a_folder_with_a_spread_csv_compares_its_results_only(tmp_path):
+    """reports/ holds <case>.spread.csv beside <case>.csv: compare reads it as the spread,
+    never as a results CSV."""
+    shutil.copy(ROOT / "reports" / "seed.csv", tmp_path / "seed.csv")
+    shutil.copy(ROOT / "reports" / "seed.spread.csv", tmp_path / "seed.spread.csv")
+    frame = load_results_dir(tmp_path)
+    assert set(frame["case"]) == {"seed"} and len(frame) == len(pd.read_csv(tmp_path / "seed.csv"))

@@ -69,12 +69,15 @@ class Tolerances:
 
 
 def load_results_dir(folder: Path) -> pd.DataFrame:
-    """Every results CSV in ``folder`` (``<case>.csv``, not ``<case>.history.csv``), stacked."""
+    """Every results CSV in ``folder`` (``<case>.csv``, not ``<case>.history.csv`` nor
+    ``<case>.spread.csv``), stacked."""
     from stability.report.writer import read_results
 
     if not folder.is_dir():
         raise StabilityError(f"{folder}: no such folder of results CSVs")
-    paths = sorted(p for p in folder.glob("*.csv") if not p.name.endswith(".history.csv"))
+    paths = sorted(
+        p for p in folder.glob("*.csv") if not p.name.endswith((".history.csv", ".spread.csv"))
+    )
     if not paths:
         raise StabilityError(f"{folder}: no results CSVs (<case>.csv) in the folder")
     return pd.concat([read_results(p) for p in paths], ignore_index=True)
