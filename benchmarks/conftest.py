@@ -36,6 +36,7 @@ def pytest_xdist_auto_num_workers(config) -> int:
     benchmarks time their ways side by side in one process."""
     return 0
 
+
 #: section -> list of rows {"way": ..., "median ms": ..., ...}, filled by the benchmarks.
 MEASURED: dict[str, list[dict]] = {}
 #: section -> text shown above its table (what was timed and how).
