@@ -39,6 +39,8 @@ seeds = [0]
 batch_sizes = [32]
 learning_rates = [0.01]
 epochs = 8
+# float32 whatever STABILITY_DTYPE says: the rounding that 2 threads move is float32's.
+dtype = "float32"
 
 [model]
 hidden = 32
