@@ -1,4 +1,4 @@
-"""``python -m stability run|map|list|report|compare|claims|conformance``: the command line.
+"""``python -m stability run|map|list|report|compare|claims|conformance|spread|hunt``: the CLI.
 
 Bad input (a flag, a case file, data, a variant or plugin name, a file that cannot be read
 or written) ends in one line on stderr and exit code 2; ``--debug`` shows the traceback
@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 
 from stability.core.errors import StabilityError
 from stability.core.limits import exp_limits
+from stability.hunt_command import add_hunt_parser, hunt_command
 from stability.report.compare import add_compare_parser, compare_command
 
 if TYPE_CHECKING:
@@ -63,6 +64,7 @@ def _parser() -> argparse.ArgumentParser:
     _add_claims_parser(sub)
     _add_conformance_parser(sub)
     _add_spread_parser(sub)
+    add_hunt_parser(sub, _positive_int, _add_plugin_flag, _add_set_flag)
     return parser
 
 
@@ -193,6 +195,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "claims": _claims,
             "conformance": _conformance,
             "spread": _spread,
+            "hunt": hunt_command,
         }
         return commands[args.command](args)
     except StabilityError as exc:

@@ -1,0 +1,133 @@
+"""``python -m stability hunt``: search a case's data for graphs that break a variant, write
+what it found as a case, and check that ``run`` reproduces it (``stability.sweep.hunt``)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from stability.core.errors import StabilityError
+
+
+def add_hunt_parser(
+    sub: argparse._SubParsersAction,
+    positive_int: Callable[[str], int],
+    add_plugin_flag: Callable[[argparse.ArgumentParser], None],
+    add_set_flag: Callable[[argparse.ArgumentParser], None],
+) -> None:
+    hunt = sub.add_parser(
+        "hunt",
+        help="search a case's data for graphs on which a variant fails, in few trainings",
+        description="Train VARIANT on the case's data, then move the data (edge distances "
+        "within the case's bounds, and the graphs' structure) towards the dtype limit the "
+        "run came closest to, by the gradient of the harness's headroom statistics, until a "
+        "training fails or the budget is spent (docs/hunt.md). Writes into --out the found "
+        "data as <case>_hunt_<variant>.npz and a case that trains it, "
+        "<case>_hunt_<variant>.toml, then runs that case as `stability run` would and says "
+        "in <case>_hunt_<variant>.hunt.md whether it reproduced the failure; "
+        "<case>_hunt_<variant>.hunt.csv holds one row per training. Works on cases whose "
+        "data set is synthetic or generated.",
+    )
+    hunt.add_argument("case", type=Path, metavar="CASE", help="a case TOML file")
+    hunt.add_argument("--variant", required=True, help="the variant to hunt a failure of")
+    hunt.add_argument(
+        "--budget",
+        type=positive_int,
+        default=10,
+        metavar="N",
+        help="at most N trainings (default: 10)",
+    )
+    hunt.add_argument(
+        "--graphs",
+        type=positive_int,
+        metavar="N",
+        help="graphs in each candidate data set (default: the case's num_graphs)",
+    )
+    hunt.add_argument("--seed", type=int, help="the runs' seed (default: the case's first seed)")
+    hunt.add_argument(
+        "--strategy",
+        choices=("directed", "plain"),
+        default="directed",
+        help="'directed', the climb (default), or 'plain': Hypothesis' generation of the same "
+        "space, one data set per training, the undirected baseline",
+    )
+    hunt.add_argument(
+        "--soonest",
+        action="store_true",
+        help="spend the whole budget looking for an earlier failure, not stop at the first",
+    )
+    hunt.add_argument(
+        "--no-reproduce",
+        action="store_true",
+        help="do not rerun the written case to check that it reproduces the failure",
+    )
+    hunt.add_argument(
+        "--out", type=Path, default=Path("reports/hunt"), help="folder (default: reports/hunt)"
+    )
+    hunt.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_plugin_flag(hunt)
+    add_set_flag(hunt)
+
+
+def hunt_command(args: argparse.Namespace) -> int:
+    from tqdm.auto import tqdm
+
+    from stability.core.plugins import is_path
+    from stability.report.hunt_report import write_hunt_report
+    from stability.sweep.cases import load_case
+    from stability.sweep.found_case import write_found_case
+    from stability.sweep.hunt import hunt
+    from stability.sweep.runner import run_case
+
+    case = load_case(args.case, args.overrides)
+    _check_out(args.out)
+    bar = tqdm(
+        total=args.budget,
+        desc=f"hunt {args.variant}",
+        unit="training",
+        disable=True if args.no_progress else None,  # None: only on a terminal
+        dynamic_ncols=True,
+    )
+
+    def on_training(training) -> None:
+        bar.update(1)
+        outcome = (
+            f"fails at epoch {training.result.first_nan_epoch}" if training.failed else "finite"
+        )
+        bar.write(
+            f"training {training.index}: {training.move}: {outcome}; {training.margin.describe()}"
+        )
+
+    try:
+        found = hunt(
+            case,
+            args.variant,
+            budget=args.budget,
+            num_graphs=args.graphs,
+            strategy=args.strategy,
+            seed=args.seed,
+            soonest=args.soonest,
+            on_training=on_training,
+        )
+    finally:
+        bar.close()
+    plugins = [str((args.case.parent / p).resolve()) if is_path(p) else p for p in case.plugins] + [
+        str(Path(p).resolve()) if is_path(p) else p for p in args.plugin
+    ]
+    path = write_found_case(found, args.out, plugins)
+    reproduced = None
+    if found.found and not args.no_reproduce:
+        results = run_case(load_case(path), progress=False)
+        reproduced = results[0] if results else None
+    report = write_hunt_report(found, args.out, path, reproduced)
+    print(f"wrote {path}, {path.with_suffix('.npz').name} and {report}")
+    if not found.found:
+        print(f"no failure of {args.variant} in {len(found.trainings)} trainings", file=sys.stderr)
+    return 0
+
+
+def _check_out(out: Path) -> None:
+    if out.exists() and not out.is_dir():
+        raise StabilityError(f"--out {out}: not a folder")
