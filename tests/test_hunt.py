@@ -222,3 +222,18 @@ def test_docs_list_the_hunt_columns():
     text = (Path(__file__).parent.parent / "docs" / "hunt.md").read_text(encoding="utf-8")
     line = " ".join(text.split("Its columns:")[1].split(".\n")[0].split())
     assert [c.strip(" `") for c in line.split(",")] == list(HUNT_FIELDS)
+
+
+def test_limits_are_climbed_in_the_order_their_moves_predict():
+    from stability.sweep.hunt import _ranked
+
+    signs, logits = np.ones(3), np.zeros(3)
+    near = Push(0.5, 10, signs, logits, predicted=0.45)  # near, but the move barely helps
+    far = Push(1.5, 0, signs, logits, predicted=0.0)  # far, but the move crosses the line
+    unknown = Push(0.7, 4, signs, logits)  # no prediction: its own margin
+    never = Push(math.inf, None, signs, logits)
+    ranked = _ranked(
+        {"exp underflow": near, "loss exp": far, "gradient square": unknown, "logit": never},
+        "exp underflow",
+    )
+    assert [name for name, _ in ranked] == ["loss exp", "exp underflow", "gradient square"]

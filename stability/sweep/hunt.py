@@ -11,7 +11,9 @@ inputs. The hunt does the same on the harness's own statistics (``stability.swee
    the gradient's sign giving the way, clipped into the case's bounds; at the exp
    underflow line also drop, at the nodes nearest the line, the incoming edge with the
    largest logit (a node whose every edge is far has the lowest max logit);
-5. a move that does not bring the next run closer to a limit (or, once failing, to an
+5. the limits are climbed in the order their moves are predicted to close in on them (the
+   margin under the same model state after the move, one forward pass per move);
+6. a move that does not bring the next run closer to a limit (or, once failing, to an
    earlier failure) is undone; the next move of the plan is tried (the next limit's), and
    when none is left, all of them again at half the step.
 
@@ -35,6 +37,7 @@ from stability.data.graphs import Graph, batch_graphs
 from stability.model.variants import Recipe, get_variant
 from stability.sweep.cases import Case
 from stability.sweep.headroom import (
+    FORWARD_LIMITS,
     LIMITS,
     Margin,
     direction,
@@ -162,7 +165,7 @@ def hunt(
 def _plain(state: Hunt, budget: int, on_training: Callable | None) -> None:
     for index in range(budget):
         graphs = state.space.plain(state.config.seed, index)
-        training, _ = _train(state, graphs, f"plain draw {index}")
+        training, _ = _train(state, graphs, f"plain draw {index}", step=None)
         _keep(state, training, graphs, on_training)
         if training.failed:
             state.stopped = "failed"
@@ -176,7 +179,7 @@ def _directed(state: Hunt, budget: int, soonest: bool, on_training: Callable | N
     tried: list[tuple[list[Graph], str]] = []
     plan: Plan | None = None
     for _ in range(budget):
-        training, new_plan = _train(state, graphs, move)
+        training, new_plan = _train(state, graphs, move, step)
         improved = state.best is None or training.score() < state.best.score()
         _keep(state, training, graphs, on_training)
         if training.failed and (not soonest or training.result.first_nan_step == 1):
@@ -195,9 +198,13 @@ def _directed(state: Hunt, budget: int, soonest: bool, on_training: Callable | N
         graphs, move = tried.pop(0)
 
 
-def _train(state: Hunt, graphs: list[Graph], move: str) -> tuple[Training, Plan]:
+def _train(
+    state: Hunt, graphs: list[Graph], move: str, step: float | None
+) -> tuple[Training, Plan]:
     """Train ``graphs`` as the case would; plan the next moves, each limit's from the model
-    state (before training or after it) that came closest to that limit."""
+    state (before training or after it) that came closest to that limit, the limits in the
+    order their moves at ``step`` are predicted to close in on them. ``step=None`` (plain
+    generation) plans nothing: the margins alone, no gradient and no prediction."""
     index = len(state.trainings) + 1
     dtype = state.config.dtype
     data = state.space.dataset_of(graphs, f"hunt({state.case.name},{index})")
@@ -207,10 +214,13 @@ def _train(state: Hunt, graphs: list[Graph], move: str) -> tuple[Training, Plan]
     # The same build as the run's own (one seed, one init): the model before its first step.
     initial = trainer.build()
     # Before training only the level counts (no lookahead): no training drives it yet.
-    pushes = {
-        limit: Push(margin, 0, *_push(initial, graphs, limit, dtype, scale, False))
-        for limit, margin in model_margins(initial, graphs, dtype).items()
-    }
+    pushes = {}
+    for limit, margin in model_margins(initial, graphs, dtype).items():
+        if step is None:
+            pushes[limit] = Push(margin, 0, np.zeros(0), np.zeros(0))
+            continue
+        push = Push(margin, 0, *_push(initial, graphs, limit, dtype, scale, False))
+        pushes[limit] = _predicted(push, limit, initial, graphs, state, step)
     result = trainer.run()
     after = history_margins(result)
     last = result.history[-1].epoch if result.history else None
@@ -218,10 +228,14 @@ def _train(state: Hunt, graphs: list[Graph], move: str) -> tuple[Training, Plan]
         if limit not in after or margin < after[limit].margin:
             after[limit] = Margin(limit, margin, last)
     for limit, margin in after.items():
+        if step is None:
+            if limit not in pushes or margin.margin < pushes[limit].margin:
+                pushes[limit] = Push(margin.margin, margin.epoch, np.zeros(0), np.zeros(0))
+            continue
         if limit not in pushes or margin.margin < pushes[limit].margin or result.hit_nan:
-            pushes[limit] = Push(
-                margin.margin, margin.epoch, *_push(trainer.recipe, graphs, limit, dtype, scale)
-            )
+            signs, logits = _push(trainer.recipe, graphs, limit, dtype, scale)
+            push = Push(margin.margin, margin.epoch, signs, logits)
+            pushes[limit] = _predicted(push, limit, trainer.recipe, graphs, state, step)
     closest = min(pushes, key=lambda name: (pushes[name].margin, LIMITS.index(name)))
     margin = Margin(closest, pushes[closest].margin, pushes[closest].epoch)
     if result.hit_nan:
@@ -233,6 +247,22 @@ def _train(state: Hunt, graphs: list[Graph], move: str) -> tuple[Training, Plan]
         # Sooner, it can only fail the way it failed: climb the limit it crossed alone.
         ranked = [(name, push) for name, push in ranked if name == margin.limit] or ranked
     return training, Plan(graphs, state.space, ranked)
+
+
+def _predicted(
+    push: Push, limit: str, recipe: Recipe, graphs: list[Graph], state: Hunt, step: float
+) -> Push:
+    """``push`` with the margin its moves at ``step`` leave under the same model state: one
+    forward pass per move, no training. Limits the forward pass does not show (the gradient
+    square) keep their own margin as the prediction."""
+    if limit not in FORWARD_LIMITS or not np.abs(push.signs).any():
+        return push
+    moves = Plan(graphs, state.space, [(limit, push)]).moves(step)
+    predicted = min(
+        (model_margins(recipe, moved, state.config.dtype)[limit] for moved, _ in moves),
+        default=push.margin,
+    )
+    return replace(push, predicted=predicted)
 
 
 def _push(
@@ -249,8 +279,9 @@ def _push(
 
 
 def _ranked(pushes: dict[str, Push], first: str) -> list[tuple[str, Push]]:
-    """The limits to climb, ``first`` (the run's own) first, then the nearest; finite only."""
-    order = sorted(pushes, key=lambda name: (name != first, pushes[name].margin))
+    """The limits to climb, nearest by their predicted margin first (``first``, the run's
+    own, on a tie); only limits the run came within a finite margin of."""
+    order = sorted(pushes, key=lambda name: (pushes[name].expected, name != first))
     return [(name, pushes[name]) for name in order if math.isfinite(pushes[name].margin)]
 
 
@@ -272,6 +303,12 @@ class Push:
     epoch: int | None
     signs: np.ndarray
     logits: np.ndarray
+    #: The margin the push's moves are predicted to leave (``_predicted``); None: unknown.
+    predicted: float | None = None
+
+    @property
+    def expected(self) -> float:
+        return self.margin if self.predicted is None else min(self.margin, self.predicted)
 
 
 @dataclass
