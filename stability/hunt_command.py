@@ -124,7 +124,9 @@ def hunt_command(args: argparse.Namespace) -> int:
     report = write_hunt_report(found, args.out, path, reproduced)
     print(f"wrote {path}, {path.with_suffix('.npz').name} and {report}")
     if not found.found:
-        print(f"no failure of {args.variant} in {len(found.trainings)} trainings", file=sys.stderr)
+        count = len(found.trainings)
+        plural = "" if count == 1 else "s"
+        print(f"no failure of {args.variant} in {count} training{plural}", file=sys.stderr)
     return 0
 
 

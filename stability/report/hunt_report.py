@@ -136,7 +136,8 @@ def _outcome(hunt: Hunt) -> str:
     best = hunt.best
     assert best is not None
     total = sum(t.seconds for t in hunt.trainings)
-    spent = f"{len(hunt.trainings)} trainings, {total:.1f} s"
+    count = len(hunt.trainings)
+    spent = f"{count} training{'' if count == 1 else 's'}, {total:.1f} s"
     if not best.failed:
         why = (
             " It stopped early: no limit's gradient moves any distance."
