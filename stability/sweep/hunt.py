@@ -46,7 +46,7 @@ from stability.sweep.headroom import (
     run_margin,
 )
 from stability.sweep.hunt_space import HuntSpace, graph_statistics
-from stability.sweep.runner import build_variants
+from stability.sweep.runner import build_variants, run_configs
 from stability.train.threads import pin
 from stability.train.trainer import TrainConfig, Trainer, forward, storage_dtype
 
@@ -114,19 +114,11 @@ class Hunt:
 
 
 def hunt_config(case: Case, seed: int | None = None) -> TrainConfig:
-    """The settings of the case's first run (first learning rate and batch size)."""
-    return TrainConfig(
-        case=case.name,
-        seed=case.seeds[0] if seed is None else seed,
-        batch_size=case.batch_sizes[0],
-        learning_rate=case.learning_rates[0],
-        epochs=case.epochs,
-        dtype=case.dtype,
-        hidden=case.hidden,
-        num_layers=case.num_layers,
-        jit_compile=case.jit_compile,
-        threads=case.threads,
-    )
+    """The settings of the case's first run (its first learning rate, batch size, variant
+    and seed, as ``run_configs`` orders them), with ``seed`` if given; a hunt's runs stop at
+    their first failure."""
+    _, first = next(run_configs(case))
+    return replace(first, seed=first.seed if seed is None else seed, stop_at_nan=True)
 
 
 def hunt(
