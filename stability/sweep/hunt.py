@@ -206,13 +206,10 @@ def _train(
     # The same build as the run's own (one seed, one init): the model before its first step.
     initial = trainer.build()
     # Before training only the level counts (no lookahead): no training drives it yet.
-    pushes = {}
-    for limit, margin in model_margins(initial, graphs, dtype).items():
-        if step is None:
-            pushes[limit] = Push(margin, 0, np.zeros(0), np.zeros(0))
-            continue
-        push = Push(margin, 0, *_push(initial, graphs, limit, dtype, scale, False))
-        pushes[limit] = _predicted(push, limit, initial, graphs, state, step)
+    pushes = {
+        limit: _way(state, initial, graphs, Margin(limit, margin, 0), scale, step, False)
+        for limit, margin in model_margins(initial, graphs, dtype).items()
+    }
     result = trainer.run()
     after = history_margins(result)
     last = result.history[-1].epoch if result.history else None
@@ -220,14 +217,8 @@ def _train(
         if limit not in after or margin < after[limit].margin:
             after[limit] = Margin(limit, margin, last)
     for limit, margin in after.items():
-        if step is None:
-            if limit not in pushes or margin.margin < pushes[limit].margin:
-                pushes[limit] = Push(margin.margin, margin.epoch, np.zeros(0), np.zeros(0))
-            continue
         if limit not in pushes or margin.margin < pushes[limit].margin or result.hit_nan:
-            signs, logits = _push(trainer.recipe, graphs, limit, dtype, scale)
-            push = Push(margin.margin, margin.epoch, signs, logits)
-            pushes[limit] = _predicted(push, limit, trainer.recipe, graphs, state, step)
+            pushes[limit] = _way(state, trainer.recipe, graphs, margin, scale, step)
     closest = min(pushes, key=lambda name: (pushes[name].margin, LIMITS.index(name)))
     margin = Margin(closest, pushes[closest].margin, pushes[closest].epoch)
     if result.hit_nan:
@@ -239,6 +230,25 @@ def _train(
         # Sooner, it can only fail the way it failed: climb the limit it crossed alone.
         ranked = [(name, push) for name, push in ranked if name == margin.limit] or ranked
     return training, Plan(graphs, state.space, ranked)
+
+
+def _way(
+    state: Hunt,
+    recipe: Recipe,
+    graphs: list[Graph],
+    margin: Margin,
+    scale: tuple[float, float],
+    step: float | None,
+    lookahead: bool = True,
+) -> Push:
+    """The push towards ``margin``'s limit under ``recipe``'s model as it is now, with its
+    predicted margin; ``step=None`` (plain generation) only records the margin."""
+    if step is None:
+        return Push(margin.margin, margin.epoch, np.zeros(0), np.zeros(0))
+    dtype = state.config.dtype
+    signs, logits = _push(recipe, graphs, margin.limit, dtype, scale, lookahead)
+    push = Push(margin.margin, margin.epoch, signs, logits)
+    return _predicted(push, margin.limit, recipe, graphs, state, step)
 
 
 def _predicted(
