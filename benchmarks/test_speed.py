@@ -29,12 +29,12 @@ from stability.data import load_dataset
 from stability.data.graphs import batch_graphs
 from stability.data.padding import budget_for, pad_batch
 from stability.model.variants import get_variant
+from stability.train.guard import StepReport
 from stability.train.trainer import (
     TrainConfig,
     Trainer,
     input_signature,
     make_train_step,
-    split_step,
 )
 
 ROOT = Path(__file__).parent.parent
@@ -67,7 +67,7 @@ def build(data, jit_compile=False):
 def trainer_epoch(step, batches):
     """What ``Trainer.run`` does per step: numpy inputs in, flags and stats read back."""
     for batch in batches:
-        split_step(step(batch.as_inputs(), batch.targets).numpy())
+        StepReport.of(step(batch.as_inputs(), batch.targets).numpy())
 
 
 # --- the trainer against keras.Model.fit -------------------------------------------------

@@ -4,8 +4,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from stability.core.tolerance import MAX_TOLERANCE, normalization_tolerance
 from stability.model.softmax import naive_segment_softmax, stable_segment_softmax
-from stability.train.checks import attention_ok, finite_given
+from stability.train.checks import attention_ok, attention_sums, finite_given, normalization_site
 
 
 @pytest.mark.parametrize("jit_compile", [False, True])
@@ -63,3 +64,31 @@ def test_the_invariant_is_sum_to_one_per_receiver(weights, expected):
     alpha = tf.constant(np.array(weights, np.float32)[:, None])
     receivers = tf.constant([0, 0, 2])  # node 1 has no incoming edge
     assert bool(attention_ok([alpha], [receivers]).numpy()) is expected
+
+
+@pytest.mark.parametrize("degree", [256, 4096])
+def test_a_float16_dead_segment_is_caught_at_high_in_degree(degree):
+    """4 eps d reaches 1 at in-degree 256 in float16: uncapped, a dead segment (sum 0)
+    passed. The cap keeps it a failure at any in-degree, and the float32 sum and count
+    keep a correct float16 segment of the same degree passing."""
+    receivers = tf.zeros([degree], tf.int32)
+    assert normalization_tolerance("float16", float(degree)) <= MAX_TOLERANCE
+    dead = tf.zeros([degree, 1], tf.float16)
+    assert not attention_ok([dead], [receivers]).numpy()
+    site = normalization_site("forward", [dead.numpy()], [receivers.numpy()], ["layer"])
+    assert site is not None and "sum to 0 at 1 of 1" in site.op
+    logits = tf.constant(np.random.default_rng(0).uniform(-3, 3, (degree, 1)), tf.float16)
+    alpha = stable_segment_softmax(logits, receivers, 1)
+    assert attention_ok([alpha], [receivers]).numpy(), "a correct float16 softmax was flagged"
+
+
+def test_the_in_degree_is_counted_exactly_past_float16s_integers():
+    """float16 counts 2049 ones as 2048; a uniform softmax over 4097 edges, each weight
+    rounded to float16, is a correct one and passes."""
+    degree = 4097
+    receivers = tf.zeros([degree], tf.int32)
+    sums, counts = attention_sums(
+        tf.fill([degree, 1], tf.constant(1 / degree, tf.float16)), receivers
+    )
+    assert counts.numpy()[0, 0] == degree
+    assert abs(float(sums.numpy()[0, 0]) - 1.0) < normalization_tolerance("float16", degree)

@@ -309,3 +309,15 @@ def test_evidence_reads_a_zero_denominator_only_where_the_output_is_not_finite()
 )
 def test_what_an_update_op_did_is_worded_from_its_values(evidence, words):
     assert what_happened(evidence) == words
+
+
+@pytest.mark.parametrize("where", ["forward", "loss", "gradient", "weights", "validation", ""])
+def test_an_older_rows_cause_is_always_in_the_vocabulary(where):
+    """A row without ``failure_cause`` (an older CSV) is read by its stage: whatever the
+    stage, the cause is one of CAUSES, never the stage's own name."""
+    from stability.core.failures import failure_cause as read_cause
+
+    row = {"first_nan_epoch": 3, "first_nan_where": where, "first_nan_op": "MatMul (dense)"}
+    assert read_cause(row) in CAUSES
+    if where in ("gradient", "weights", "validation"):
+        assert read_cause(row) != where

@@ -12,13 +12,13 @@ from stability.core.results import TIMING_FIELDS
 from stability.data.graphs import Graph, batch_graphs
 from stability.data.padding import EDGE_QUANTUM, Budget, budget_for, pad_batch, padded_shape
 from stability.model.variants import Variant, get_variant
+from stability.train.guard import StepReport
+from stability.train.step import real_mean
 from stability.train.trainer import (
     TrainConfig,
     Trainer,
-    _real_mean,
     input_signature,
     make_train_step,
-    split_step,
 )
 
 
@@ -90,7 +90,7 @@ def loss_and_gradients(recipe, batch):
     inputs = {k: tf.constant(v) for k, v in batch.as_inputs().items()}
     with tf.GradientTape() as tape:
         out = recipe.model.forward(inputs)
-        loss = _real_mean(recipe.loss(tf.constant(batch.targets), out["predictions"]), inputs)
+        loss = real_mean(recipe.loss(tf.constant(batch.targets), out["predictions"]), inputs)
     return out, loss, tape.gradient(loss, recipe.model.trainable_variables)
 
 
@@ -137,9 +137,9 @@ def test_padding_never_makes_a_nan_of_its_own(tiny_dataset):
     padded = pad_batch(batch, Budget(nodes=32, edges=64, graphs=8))
     signature = input_signature(tiny_dataset.num_features, "float32", padded=True)
     step = make_train_step(recipe, signature, guard=True)
-    flags, stats = split_step(step(padded.as_inputs(), padded.targets))
-    assert flags.all(), f"padding went non-finite: flags {flags}"
-    assert stats[1] == pytest.approx(85.0)
+    report = StepReport.of(step(padded.as_inputs(), padded.targets))
+    assert report.ok, f"padding went non-finite: flags {report.flags}"
+    assert report.stat("max_abs_logit") == pytest.approx(85.0)
     # Guards the test: without the mask, the same padding overflows.
     unmasked = {k: tf.constant(v) for k, v in padded.as_inputs().items() if "mask" not in k}
     logits = model.forward(unmasked)["logits"][0].numpy()

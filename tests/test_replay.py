@@ -129,8 +129,9 @@ def test_an_xla_compiled_step_is_guarded_and_replayed_without_xla(tiny_dataset):
     """The fused check and the guard work under jit_compile=True; the replay, whose check
     ops XLA cannot compile, runs without it and still names the op."""
     from stability.data.graphs import batch_graphs
+    from stability.train.guard import StepReport
     from stability.train.replay import replay_step
-    from stability.train.trainer import input_signature, make_train_step, split_step
+    from stability.train.trainer import input_signature, make_train_step
 
     trainer = Trainer(
         Variant("planted", "test-only", attention_weight_on_e(60.0)), tiny_dataset, CONFIG
@@ -140,8 +141,8 @@ def test_an_xla_compiled_step_is_guarded_and_replayed_without_xla(tiny_dataset):
     step = make_train_step(recipe, signature, guard=True, jit_compile=True)
     batch = batch_graphs(tiny_dataset.train[:16])
     before = [w.numpy().copy() for w in recipe.model.trainable_variables]
-    flags, _ = split_step(step(batch.as_inputs(), batch.targets))
-    assert not flags[0], "the forward overflow must be seen under XLA"
+    report = StepReport.of(step(batch.as_inputs(), batch.targets))
+    assert not report.passed("forward"), "the forward overflow must be seen under XLA"
     for old, new in zip(before, recipe.model.trainable_variables, strict=True):
         np.testing.assert_array_equal(old, new.numpy())
     inputs = {k: tf.constant(v) for k, v in batch.as_inputs().items()}

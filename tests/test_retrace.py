@@ -5,13 +5,13 @@ import pytest
 
 from stability.data.graphs import batch_graphs
 from stability.model.variants import get_variant
+from stability.train.guard import StepReport
 from stability.train.trainer import (
     TrainConfig,
     Trainer,
     input_signature,
     make_predict,
     make_train_step,
-    split_step,
 )
 
 
@@ -28,8 +28,8 @@ def test_batches_of_every_size_reuse_one_trace(variant, tiny_dataset):
     for size in sizes:
         batch = batch_graphs(graphs[:size], targets=np.zeros(size))
         shapes.add((batch.num_nodes, batch.num_edges, batch.num_graphs))
-        flags, _ = split_step(step(batch.as_inputs(), batch.targets))
-        assert flags.all(), f"batch of {size} graphs went non-finite"
+        report = StepReport.of(step(batch.as_inputs(), batch.targets))
+        assert report.ok, f"batch of {size} graphs went non-finite: {report.flags}"
         predictions, healthy = predict(batch.as_inputs())
         assert healthy.numpy() and np.isfinite(predictions.numpy()).all()
     assert len(shapes) == len(sizes), "the test needs batches of distinct shapes"

@@ -10,13 +10,10 @@ import tensorflow as tf
 from stability import BuildContext
 from stability.model.losses import robust_loss
 from stability.model.variants import Variant, create_recipe
-from stability.train.checks import (
-    all_finite,
-    first_failure,
-    nonfinite_weights,
-    stage_of,
-    step_flags,
-)
+from stability.train import guard
+from stability.train.checks import nonfinite_weights
+from stability.train.forward import completed
+from stability.train.guard import StepReport, stage_of
 from stability.train.trainer import TrainConfig, Trainer
 
 # The planted magnitudes (logits of 240, log sigma of -100) are float32's limits; each
@@ -142,15 +139,22 @@ def test_guarded_run_keeps_the_last_finite_weights(tiny_dataset):
 def test_first_failure_follows_the_step_order(
     forward, normalized, loss, raw, transformed, weight, expected
 ):
-    before = step_flags(
-        all_finite([tf.constant([forward])]),
-        tf.constant(normalized),
-        tf.constant(loss),
-        all_finite([tf.constant([raw])]),
-        all_finite([tf.constant([transformed])]),
-    ).numpy()
-    flags = np.append(before, np.isfinite(weight))
-    assert first_failure(flags) == expected
+    """The guard itself, on one-element tensors: the first failing check names the step."""
+    out = completed(
+        {
+            "predictions": tf.constant([forward]),
+            # One node with one incoming edge: weight 1 is normalized, 0.5 is not.
+            "alpha": [tf.constant([1.0 if normalized else 0.5])],
+            "receivers": [tf.constant([0])],
+        }
+    )
+    before = guard.before_update(
+        out, {}, tf.constant(loss), [tf.constant([raw])], [tf.constant([transformed])]
+    )
+    weights_ok, _ = guard.after_update([tf.Variable([weight])], [])
+    report = StepReport.of(guard.report(before, weights_ok, tf.constant(1.0)).numpy())
+    assert report.first_failure() == expected
+    assert report.ok == (expected is None)
     if expected in ("attention", "transform"):
         assert stage_of(expected) == {"attention": "forward", "transform": "gradient"}[expected]
 

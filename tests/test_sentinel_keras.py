@@ -150,3 +150,23 @@ def test_attention_normalization_is_checked_where_the_model_exposes_it(late_data
     assert (result["first_nan_where"], result["first_nan_layer"]) == ("forward", "row_attention")
     assert result["failure_kind"] == "normalization"
     assert result["first_nan_op"].startswith("softmax normalization: weights sum to 0 ")
+
+
+def test_a_second_moment_overflow_is_named_at_its_step():
+    """An L1 loss on inputs of 1e20: every gradient is about 1e20, so Adam's g * g (1e40)
+    overflows float32 at step 1 while every weight stays finite (m / sqrt(inf) = 0). The
+    optimizer's state is checked with the weights, so the step that wrote the inf is the one
+    named, before the weights go NaN a step later."""
+    keras.utils.set_random_seed(0)
+    x = np.full((64, 4), 1e20, np.float32)
+    y = np.zeros((64, 1), np.float32)
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1, name="dense")])
+    model.compile(keras.optimizers.Adam(1e-3), "mae")
+    sentinel = NanSentinel(verbose=False)
+    model.fit(x, y, epochs=1, batch_size=32, shuffle=False, verbose=0, callbacks=[sentinel])
+    result = sentinel.result
+    assert (result["first_nan_epoch"], result["first_nan_step"]) == (1, 1), result
+    assert result["first_nan_where"] == "weights"
+    assert result["failure_cause"] == "gradient explosion", result
+    assert "not finite" in result["first_nan_op"] and "velocity" in result["first_nan_op"]
+    assert sentinel.report is not None and sentinel.report.stat("max_abs_grad") >= 1e19

@@ -6,7 +6,8 @@ without it (an older CSV, or before that column lands) is read from the columns 
 non-finite gradient masked by the transform), and otherwise a ``first_nan_epoch`` means a
 non-finite value: a forward one is read by its op as issue 12's C11b rule reads it (the
 softmax's ``exp`` overflowed, its division computed 0/0 after every ``exp`` of a node
-underflowed), any other by the stage ``first_nan_where`` names.
+underflowed), any other by the stage ``first_nan_where`` names, as the cause rule reads a
+stage without evidence. Every value returned is one of ``CAUSES``.
 """
 
 from __future__ import annotations
@@ -16,6 +17,31 @@ from collections.abc import Mapping
 
 #: The cause of a run without a failure.
 NO_FAILURE = "none"
+
+#: Every value of ``failure_cause``, the one vocabulary of causes: what
+#: ``stability.train.cause.failure_cause`` writes and what ``failure_cause`` reads back from
+#: any row, old CSVs included (docs/findings.md, "Reading the failure cause").
+CAUSES = (
+    "forward overflow",
+    "forward underflow (0/0)",
+    "forward",
+    "loss",
+    "gradient explosion",
+    "non-finite gradient op",
+    "optimizer",
+    "input",
+    "normalization",
+    "masked gradient",
+    NO_FAILURE,
+)
+
+#: The cause of an older row's failure read by its stage alone (no evidence kept): what the
+#: cause rule gives a stage whose failing op could not be run again.
+_STAGE_CAUSE = {
+    "loss": "loss",
+    "gradient": "non-finite gradient op",
+    "weights": "optimizer",
+}
 
 #: Causes that are failures without a NaN or Inf anywhere in the step (issue 11).
 SILENT_CAUSES = frozenset({"normalization", "masked gradient"})
@@ -46,11 +72,11 @@ def failure_cause(row: Mapping[str, object]) -> str:
         return "input"
     if _text(row, "first_nan_epoch"):
         where, op = _text(row, "first_nan_where"), _text(row, "first_nan_op")
-        if where == "forward" and "softmax_exp" in op:
+        if where in ("forward", "validation") and "softmax_exp" in op:
             return "forward overflow"
-        if where == "forward" and "softmax_div" in op:
+        if where in ("forward", "validation") and "softmax_div" in op:
             return "forward underflow (0/0)"
-        return where or "non-finite"
+        return _STAGE_CAUSE.get(where, "forward")
     return NO_FAILURE
 
 

@@ -32,23 +32,9 @@ import math
 
 import numpy as np
 
-from stability.core.failures import NO_FAILURE, SILENT_CAUSES
+from stability.core.failures import CAUSES, NO_FAILURE, SILENT_CAUSES
 from stability.train.replay import XLA_ONLY, NanSite
 
-#: Every value of ``failure_cause``.
-CAUSES = (
-    "forward overflow",
-    "forward underflow (0/0)",
-    "forward",
-    "loss",
-    "gradient explosion",
-    "non-finite gradient op",
-    "optimizer",
-    "input",
-    "normalization",
-    "masked gradient",
-    NO_FAILURE,
-)
 assert set(CAUSES) >= SILENT_CAUSES
 
 #: ``failure_kind`` values with a cause of their own, whatever the stage.

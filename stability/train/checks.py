@@ -1,22 +1,16 @@
-"""Numerical-failure detection: one fused check per training step, and naming what it found.
+"""The primitives of the step guard (``guard``): finiteness read off a reduction, the
+attention normalization invariant, and naming what a failed check found on the host.
 
-A "NaN" here is any non-finite value (NaN or +-Inf). The check runs inside the compiled
-training step and returns one boolean per check, in causal order (``CHECKS``): the forward
-pass is finite, its attention weights are normalized, the loss is finite, the raw gradients
-are finite, the gradients after the variant's transform are finite, and the weights after the
-update are finite. The first check that fails is where the run's first failure came from;
-``STAGE_OF`` maps it to the stage a report names (``forward``, ``loss``, ``gradient``,
-``weights``).
-
-Checking the loss alone is not enough: inside ``tf.function`` a ``Dense(relu)`` fed NaN
-returns 0 (the fused MatMul+BiasAdd+Relu kernel), so NaN node states and NaN weights can
-leave the loss finite. Keras' ``TerminateOnNaN`` looks at the loss only and misses that.
+A "NaN" here is any non-finite value (NaN or +-Inf). Checking the loss alone is not enough:
+inside ``tf.function`` a ``Dense(relu)`` fed NaN returns 0 (the fused MatMul+BiasAdd+Relu
+kernel), so NaN node states and NaN weights can leave the loss finite. Keras'
+``TerminateOnNaN`` looks at the loss only and misses that.
 
 Finite is not enough either: a softmax whose denominator overflows while every ``exp`` is
 finite gives ``finite / inf = 0`` at every node, and a masked softmax whose masked entry is
 ``inf`` poisons its segment. Every such bug breaks the same invariant, whatever the softmax's
 code: at each node with incoming edges, the attention weights sum to 1. ``attention_ok``
-checks it (see ``normalization_tolerance`` for the tolerance).
+checks it (see ``stability.core.tolerance`` for the tolerance).
 """
 
 from __future__ import annotations
@@ -26,24 +20,8 @@ from collections.abc import Sequence
 import numpy as np
 import tensorflow as tf
 
+from stability.core.tolerance import accumulation_dtype, normalization_tolerance
 from stability.train.replay import NanSite
-
-#: The checks ``step_flags`` returns, in its output order (causal order within a step).
-CHECKS = ("forward", "attention", "loss", "gradient", "transform", "weights")
-
-#: The stage each check reports: the attention invariant is a forward failure, a failure
-#: the gradient transform introduces or hides is a gradient failure.
-STAGE_OF = {"attention": "forward", "transform": "gradient"}
-
-#: The stages a training step's failure can be reported at, in causal order.
-STAGES = ("forward", "loss", "gradient", "weights")
-
-#: Tolerance factor of the normalization invariant, in units of eps * in-degree: a sum of
-#: ``d`` rounded terms, each a rounded quotient, is off by at most about ``(d + 1) * eps``
-#: (Higham, "Accuracy and Stability of Numerical Algorithms", 4.2); 4x covers the rounding
-#: of the denominator's gather and of a mixed policy's cast, and stays far below any real
-#: violation (a dead segment sums to 0, a poisoned one to NaN).
-TOLERANCE_FACTOR = 4.0
 
 
 def all_finite(tensors: Sequence[tf.Tensor]) -> tf.Tensor:
@@ -52,14 +30,6 @@ def all_finite(tensors: Sequence[tf.Tensor]) -> tf.Tensor:
     if not checks:
         return tf.constant(True)
     return checks[0] if len(checks) == 1 else tf.reduce_all(tf.stack(checks))
-
-
-def normalization_tolerance(dtype: tf.DType, in_degree: tf.Tensor) -> tf.Tensor:
-    """``TOLERANCE_FACTOR * eps(dtype) * in_degree``: how far from 1 a node's attention
-    weights may sum. float32: 4.8e-7 per incoming edge; float16: 3.9e-3. A node without
-    incoming edges gets 0: its sum is an empty sum, exactly 0."""
-    eps = float(np.finfo(dtype.as_numpy_dtype).eps)
-    return (TOLERANCE_FACTOR * eps) * in_degree
 
 
 def as_columns(tensor: tf.Tensor) -> tf.Tensor:
@@ -77,14 +47,22 @@ def attention_sums(
 
     Shapes: ``alpha`` ``[num_edges, heads]`` (or ``[num_edges]``), ``receivers``
     ``[num_edges]``; returns sums ``[num_nodes, heads]`` and in-degree ``[num_nodes, 1]``,
-    both in ``alpha``'s dtype. ``num_nodes`` defaults to the largest receiver plus one.
+    both in ``accumulation_dtype(alpha.dtype)`` (float16 weights are summed in float32).
+    ``num_nodes`` defaults to the largest receiver plus one.
     """
-    alpha = as_columns(alpha)
+    alpha = _widened(as_columns(alpha))
     if num_nodes is None:
         num_nodes = tf.reduce_max(receivers) + 1
     sums = tf.math.unsorted_segment_sum(alpha, receivers, num_nodes)
     degree = tf.math.unsorted_segment_sum(tf.ones_like(alpha[:, :1]), receivers, num_nodes)
     return sums, degree
+
+
+def _widened(alpha: tf.Tensor) -> tf.Tensor:
+    """``alpha`` in its accumulation dtype: a float16 sum of d weights is itself off by up
+    to d * eps(float16), 0.125 at in-degree 256 (no op for float32 and float64)."""
+    wide = accumulation_dtype(alpha.dtype)
+    return alpha if wide == alpha.dtype else tf.cast(alpha, wide)
 
 
 def attention_ok(
@@ -96,13 +74,15 @@ def attention_ok(
 
     A NaN sum fails too (``<=`` is False for NaN). True for no attention. Layers that share
     one receivers tensor share its in-degree, so each further layer costs one segment sum,
-    a subtraction and a comparison.
+    a subtraction and a comparison. The tolerance is ``normalization_tolerance`` of the
+    weights' own dtype; the sums are accumulated in ``accumulation_dtype``.
     """
     checks, shared = [], {}
     for alpha, receiver in zip(alphas, receivers, strict=True):
-        alpha = as_columns(alpha)
+        own = alpha.dtype
+        alpha = _widened(as_columns(alpha))
         nodes = tf.reduce_max(receiver) + 1 if num_nodes is None else num_nodes
-        key = (id(receiver), alpha.dtype)
+        key = (id(receiver), own)
         if key not in shared:
             # [num_nodes, 1]
             degree = tf.math.unsorted_segment_sum(
@@ -112,7 +92,7 @@ def attention_ok(
             )
             # What a node's weights must sum to: 1 with incoming edges, and 0 (an empty
             # sum, exactly) without; one comparison then covers both.
-            shared[key] = (tf.minimum(degree, 1.0), normalization_tolerance(alpha.dtype, degree))
+            shared[key] = (tf.minimum(degree, 1.0), normalization_tolerance(own, degree))
         target, tolerance = shared[key]
         sums = tf.math.unsorted_segment_sum(alpha, receiver, nodes)
         checks.append(tf.reduce_all(tf.abs(sums - target) <= tolerance))
@@ -141,41 +121,6 @@ def finite_given(
         lambda: tf.constant(True),
         lambda: all_finite(tensors),
     )
-
-
-def step_flags(
-    forward: tf.Tensor,
-    attention: tf.Tensor,
-    loss: tf.Tensor,
-    raw_gradients: tf.Tensor,
-    gradients: tf.Tensor | None,
-) -> tf.Tensor:
-    """``[5]`` bool, the checks of ``CHECKS`` before the update (all but ``weights``, which
-    the step appends after it), from scalar bools: the forward tensors are finite, the
-    attention is normalized, the loss, the raw gradients and the transformed gradients
-    (None without a transform) are finite."""
-    return tf.stack(
-        [
-            forward,
-            attention,
-            tf.reduce_all(tf.math.is_finite(loss)),
-            raw_gradients,
-            raw_gradients if gradients is None else gradients,
-        ]
-    )
-
-
-def first_failure(flags: np.ndarray) -> str | None:
-    """The first check (of ``CHECKS``) whose flag is False, or None when the step was fine."""
-    for check, ok in zip(CHECKS, flags, strict=True):
-        if not ok:
-            return check
-    return None
-
-
-def stage_of(check: str) -> str:
-    """The stage a failed check is reported at."""
-    return STAGE_OF.get(check, check)
 
 
 def nonfinite_weights(weights: Sequence[tf.Variable]) -> list[str]:

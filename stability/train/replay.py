@@ -28,12 +28,10 @@ import numpy as np
 import tensorflow as tf
 
 from stability.train.keras_layers import layer_names
+from stability.train.tape import TRANSFORM_SCOPE, differentiate, transform_name
 
 #: Name scope around the loss in a replay, so that ops there are reported as ``loss``.
 LOSS_SCOPE = "stability_loss"
-#: Name scope around the gradient transform, in the step and in a replay: its ops are
-#: reported at stage ``gradient``, with the transform named.
-TRANSFORM_SCOPE = "stability_gradient_transform"
 #: The scope TensorFlow's tape puts a gradient op in: ``gradient_tape/<forward op's scope>``.
 GRADIENT_SCOPE = "gradient_tape"
 #: How many ops back from a failing gradient op ``forward_op_of`` looks for forward tensors.
@@ -114,14 +112,10 @@ def replay_step(
     predict = predict or (lambda batch: model(batch, training=True))
 
     def step(batch: Any) -> tuple[tf.Tensor, list[tf.Tensor]]:
-        with tf.GradientTape() as tape:
-            predictions = predict(batch)
-            with tf.name_scope(LOSS_SCOPE):
-                loss = compute_loss(predictions)
-        gradients = tape.gradient(loss, weights)
-        if gradient_transform is not None:
-            gradients = transformed(gradient_transform, gradients)
-        return loss, gradients
+        done = differentiate(
+            lambda: predict(batch), _both(compute_loss), weights, gradient_transform, LOSS_SCOPE
+        )
+        return done.loss, done.gradients
 
     return _checked(step, inputs, layer_names(model), gradient_transform)
 
@@ -133,18 +127,15 @@ def replay_forward(
     return _checked(predict, inputs, layer_names(model), None)
 
 
-def transformed(
-    gradient_transform: Callable[[list[tf.Tensor]], list[tf.Tensor]], gradients: list
-) -> list[tf.Tensor]:
-    """``gradient_transform(gradients)`` inside ``TRANSFORM_SCOPE``, so its ops are named."""
-    with tf.name_scope(TRANSFORM_SCOPE):
-        return gradient_transform(gradients)
+def _both(compute_loss: Callable[[Any], tf.Tensor]) -> Callable[[Any], tuple]:
+    """A replay's loss as ``differentiate`` takes it: the loss it reports is the one it
+    differentiates."""
 
+    def loss_of(predictions: Any) -> tuple[tf.Tensor, tf.Tensor]:
+        loss = compute_loss(predictions)
+        return loss, loss
 
-def transform_name(gradient_transform: Any) -> str:
-    """A gradient transform's name for a report: its function's name (through partials)."""
-    fn = getattr(gradient_transform, "func", gradient_transform)
-    return getattr(fn, "__qualname__", None) or type(fn).__name__
+    return loss_of
 
 
 def _checked(
@@ -286,10 +277,10 @@ def replay_update(
     predict = predict or (lambda batch: model(batch, training=True))
 
     def gradients(batch: Any) -> tuple[list, list]:
-        with tf.GradientTape() as tape:
-            loss = compute_loss(predict(batch))
-        raw = tape.gradient(loss, weights)
-        return raw, transformed(gradient_transform, raw) if gradient_transform else raw
+        done = differentiate(
+            lambda: predict(batch), _both(compute_loss), weights, gradient_transform
+        )
+        return done.raw, done.gradients
 
     def update(grads: list) -> tf.Tensor:
         apply(optimizer, grads, weights)
@@ -475,13 +466,12 @@ def xla_gradient_site(
     predict = predict or (lambda batch: model(batch, training=True))
 
     def finite_gradients(batch: Any) -> tuple[tf.Tensor, tf.Tensor]:
-        with tf.GradientTape() as tape:
-            loss = compute_loss(predict(batch))
-        raw = tape.gradient(loss, weights)
-        final = gradient_transform(raw) if gradient_transform is not None else raw
+        done = differentiate(
+            lambda: predict(batch), _both(compute_loss), weights, gradient_transform
+        )
         return (
-            tf.stack([tf.reduce_all(tf.math.is_finite(g)) for g in raw]),
-            tf.reduce_all([tf.reduce_all(tf.math.is_finite(g)) for g in final]),
+            tf.stack([tf.reduce_all(tf.math.is_finite(g)) for g in done.raw]),
+            tf.reduce_all([tf.reduce_all(tf.math.is_finite(g)) for g in done.gradients]),
         )
 
     raw_finite, final_finite = tf.function(finite_gradients, jit_compile=True)(inputs)

@@ -2,11 +2,14 @@
 
 Keras' ``TerminateOnNaN`` looks at the loss alone. Inside ``tf.function`` a
 ``Dense(relu)`` fed NaN returns 0, so a model's weights can go NaN while its loss stays
-finite, and ``TerminateOnNaN`` never fires. ``NanSentinel`` checks, in every training step,
-the model's forward tensors (where it exposes them), the attention normalization invariant
-(where it exposes its attention weights with their receivers), the loss, the raw gradients
-(before the optimizer clips them) and every weight; keeps the weights from before a failing
-update; and replays the failing batch once with a per-op check to name the layer and op.
+finite, and ``TerminateOnNaN`` never fires. ``NanSentinel`` runs the harness's own step
+guard (``stability.train.guard``, the trainer's checks in the trainer's order) in every
+training step: the model's forward tensors (where it exposes them), the attention
+normalization invariant (where it exposes its attention weights with their receivers), the
+loss, the raw gradients (before the optimizer clips them), and after the update every weight
+and the optimizer's own variables (Adam's second moment overflows before any weight does).
+It keeps the weights from before a failing update, and replays the failing batch once with
+a per-op check to name the layer and op.
 
 Usage::
 
@@ -27,18 +30,12 @@ import keras
 import tensorflow as tf
 
 from stability.core.results import NAN_FIELDS
+from stability.train import guard
 from stability.train.cause import failure_cause
-from stability.train.checks import (
-    all_finite,
-    attention_ok,
-    nonfinite_weight_site,
-    normalization_site,
-)
+from stability.train.checks import nonfinite_weight_site, normalization_site
+from stability.train.forward import completed, forward
+from stability.train.guard import REPORT_SIZE, StepReport
 from stability.train.replay import NanSite, replay_step
-
-#: The checks the sentinel runs each step, in causal order, and the stage each reports.
-SENTINEL_CHECKS = ("forward", "attention", "loss", "gradient", "weights")
-_STAGE = {"attention": "forward"}
 
 #: ``first_nan_op`` under XLA: the batch cannot be kept in a variable (XLA fixes a resource
 #: variable's shape), so there is nothing to replay.
@@ -53,18 +50,23 @@ class NanSentinelError(RuntimeError):
 class NanSentinel(keras.callbacks.Callback):
     """Stops ``fit`` at the first numerical failure and names its source.
 
-    It wraps the model's ``train_step`` (to check each step and keep the batch) and its
-    optimizer's ``apply_gradients`` (to skip an update that follows a failure, so the
-    weights from before the failing step survive for the replay), and restores both when
-    training ends, so one sentinel can watch several ``fit`` calls and models, and a new
-    sentinel on the same model sees everything afresh.
+    While ``fit`` traces its step, the sentinel wraps the optimizer's ``apply_gradients``
+    (the one call every Keras ``train_step`` makes with the step's raw gradients), where it
+    runs the step guard and applies the update only if every check before it passed, so the
+    weights from before the failing step survive for the replay. It reads the step's loss,
+    predictions and batch through the model's ``compute_loss``, and its attention through
+    ``forward`` where the model has one. It restores all of them when training ends, so one
+    sentinel can watch several ``fit`` calls and models, and a new sentinel on the same model
+    sees everything afresh.
 
     After ``fit``, ``result`` holds the fields of the harness's result row:
     ``first_nan_epoch``, ``first_nan_step`` (counted in optimizer steps from the start of
     that ``fit``), ``first_nan_where``, ``first_nan_layer``, ``first_nan_op``,
-    ``loss_nan_epoch``, ``failure_kind`` and ``failure_cause`` (None where nothing happened;
-    an update failure is not replayed here, so its cause is ``optimizer`` unless the
-    trainer names it).
+    ``loss_nan_epoch``, ``failure_kind`` and ``failure_cause`` (None where nothing happened).
+    An update failure is not replayed here (the state before the step is gone); its cause is
+    read from the failing step's largest |gradient|: ``gradient explosion`` at sqrt(max) of
+    the weights' dtype and above, where Adam's ``g * g`` overflows, else ``optimizer``.
+    ``report`` is the failing step's ``StepReport`` (its flags and statistics), or None.
 
     Args:
         replay: replay the failing batch to name the layer and op.
@@ -76,6 +78,7 @@ class NanSentinel(keras.callbacks.Callback):
         super().__init__()
         self.replay, self.raise_error, self.verbose = replay, raise_error, verbose
         self.result: dict[str, Any] = _empty_result()
+        self.report: StepReport | None = None
         self._stash: list[tf.Variable] | None = None
         self._structure: Any = None
         self._captured: dict[str, Any] = {}
@@ -87,25 +90,22 @@ class NanSentinel(keras.callbacks.Callback):
     def set_model(self, model: keras.Model) -> None:
         super().set_model(model)
         self._unwrap()
-        self.result = _empty_result()
+        self.result, self.report = _empty_result(), None
         with tf.init_scope():
             self._steps = tf.Variable(0, dtype=tf.int64, trainable=False)
             self._failed_step = tf.Variable(-1, dtype=tf.int64, trainable=False)
-            self._failed_flags = tf.Variable([True] * len(SENTINEL_CHECKS), trainable=False)
-            self._step_ok = tf.Variable([True] * 3, trainable=False)
+            self._failed_report = tf.Variable(tf.ones([REPORT_SIZE]), trainable=False)
         self._stash, self._structure = None, None
-        self._keeps_batch = not bool(getattr(model, "jit_compile", False))
-        self._wrap(model)
-        # fit() builds its train function after set_model and only if none is cached:
-        # drop a cached one so the wrapped step is the one that gets traced.
-        model.train_function = None
-
-    def _wrap(self, model: keras.Model) -> None:
-        train_step = model.train_step
-        self._patch(model, "train_step", self._checked_step(model, train_step))
+        self._exact = bool(getattr(model, "jit_compile", False))
+        self._keeps_batch = not self._exact
         if hasattr(model, "forward"):
             self._patch(model, "forward", self._capturing(model.forward))
-        self._patch(model, "compute_loss", self._capturing_predictions(model.compute_loss))
+        self._patch(model, "compute_loss", self._capturing_loss(model.compute_loss))
+        if getattr(model, "optimizer", None) is not None:  # compiled: fit can train it
+            self._patch(model.optimizer, "apply_gradients", self._guarded(model))
+            # fit() builds its train function only if none is cached: build it afresh, so
+            # the step that gets traced is the one whose calls are wrapped.
+            model.make_train_function(force=True)
 
     def _patch(self, owner: Any, name: str, replacement: Any) -> None:
         had = name in vars(owner)
@@ -120,59 +120,77 @@ class NanSentinel(keras.callbacks.Callback):
                 setattr(owner, name, original)
         self._restore = []
 
-    def _capturing(self, forward: Any) -> Any:
+    def _capturing(self, forward_pass: Any) -> Any:
         """``model.forward`` that also hands its outputs to the step being traced."""
 
         def captured_forward(*args: Any, **kwargs: Any) -> Any:
-            out = forward(*args, **kwargs)
-            self._captured = out if isinstance(out, dict) else {}
+            out = forward_pass(*args, **kwargs)
+            self._captured = dict(out) if isinstance(out, dict) else {}
             return out
 
         return captured_forward
 
-    def _capturing_predictions(self, compute_loss: Any) -> Any:
-        """``model.compute_loss`` that hands ``y_pred`` to the step being traced, for a
-        model without ``forward``."""
+    def _capturing_loss(self, compute_loss: Any) -> Any:
+        """``model.compute_loss`` that hands the step's batch, predictions and loss to the
+        step being traced, and keeps the batch (for the replay) while no step has failed."""
 
         def captured_compute_loss(*args: Any, **kwargs: Any) -> Any:
             # Keras calls compute_loss(x, y, y_pred, sample_weight, ...), positionally.
-            y_pred = kwargs.get("y_pred", args[2] if len(args) > 2 else None)
-            if "predictions" not in self._captured and y_pred is not None:
-                self._captured = {**self._captured, "predictions": y_pred}
-            return compute_loss(*args, **kwargs)
+            named = dict(zip(("x", "y", "y_pred", "sample_weight"), args, strict=False))
+            named.update(kwargs)
+            loss = compute_loss(*args, **kwargs)
+            captured = dict(self._captured)
+            if "predictions" not in captured and named.get("y_pred") is not None:
+                captured["predictions"] = named["y_pred"]
+            captured["_x"], captured["_loss"] = named.get("x"), loss
+            self._captured = captured
+            if self._keeps_batch:
+                batch = keras.utils.pack_x_y_sample_weight(
+                    named.get("x"), named.get("y"), named.get("sample_weight")
+                )
+                tf.cond(self._failed_step < 0, lambda: self._keep(batch), tf.no_op)
+            return loss
 
         return captured_compute_loss
 
-    def _checked_step(self, model: keras.Model, train_step: Any) -> Any:
-        def sentinel_train_step(data: Any) -> Any:
-            healthy_so_far = self._failed_step < 0
-            if self._keeps_batch:
-                tf.cond(healthy_so_far, lambda: self._keep(data), tf.no_op)
-            self._captured = {}
-            self._wrap_apply(model.optimizer)
-            logs = train_step(data)
-            self._optimizer_unwrap(model.optimizer)
-            loss = logs.get("loss") if isinstance(logs, dict) else None
-            before = tf.unstack(self._step_ok.read_value())
-            flags = tf.stack(
-                [
-                    before[0],
-                    before[1],
-                    all_finite([] if loss is None else [loss]),
-                    before[2],
-                    all_finite(model.trainable_variables),
-                ]
+    def _guarded(self, model: keras.Model) -> Any:
+        """The optimizer's ``apply_gradients``, behind the step guard."""
+        optimizer = model.optimizer
+        apply_gradients = optimizer.apply_gradients
+
+        def guarded_apply_gradients(grads_and_vars: Any, *args: Any, **kwargs: Any) -> Any:
+            grads_and_vars = list(grads_and_vars)
+            captured, self._captured = self._captured, {}
+            loss = captured.pop("_loss", None)
+            x = captured.pop("_x", None)
+            # Raw gradients, as the step computed them: the optimizer's own clipping
+            # (clipnorm, clipvalue) has not run yet, so it cannot hide a NaN.
+            before = guard.before_update(
+                completed(captured),
+                x,
+                tf.constant(0.0) if loss is None else loss,
+                [g for g, _ in grads_and_vars],
+                exact=self._exact,
             )
+            # Skip a failing update, and every update after it in the same execution: the
+            # weights from before the failing step are what the replay needs.
+            guard.guarded(
+                before.healthy & (self._failed_step < 0),
+                lambda: apply_gradients(grads_and_vars, *args, **kwargs),
+            )
+            weights_ok, max_abs_weight = guard.after_update(
+                model.trainable_variables, guard.optimizer_state(optimizer), exact=self._exact
+            )
+            vector = guard.report(before, weights_ok, max_abs_weight)
             self._steps.assign_add(1)
-            first = healthy_so_far & ~tf.reduce_all(flags)
-            tf.cond(first, lambda: self._mark(flags), tf.no_op)
-            return logs
+            first = (self._failed_step < 0) & ~tf.reduce_all(vector[: len(guard.CHECKS)] > 0.5)
+            tf.cond(first, lambda: self._mark(vector), tf.no_op)
 
-        return sentinel_train_step
+        return guarded_apply_gradients
 
-    def _mark(self, flags: tf.Tensor) -> tf.Operation:
+    def _mark(self, vector: tf.Tensor) -> tf.Operation:
         self._failed_step.assign(self._steps)
-        self._failed_flags.assign(flags)
+        self._failed_report.assign(vector)
         return tf.no_op()
 
     def _keep(self, data: Any) -> tf.Operation:
@@ -193,58 +211,17 @@ class NanSentinel(keras.callbacks.Callback):
             variable.assign(leaf)
         return tf.no_op()
 
-    def _wrap_apply(self, optimizer: keras.optimizers.Optimizer) -> None:
-        apply_gradients = optimizer.apply_gradients
-
-        def guarded_apply_gradients(grads_and_vars: Any, *args: Any, **kwargs: Any) -> Any:
-            grads_and_vars = list(grads_and_vars)
-            out = self._captured
-            watched = [
-                *tf.nest.flatten(out.get("predictions")),
-                *(out.get("alpha") or []),
-                *(out.get("logits") or []),
-            ]
-            # Multi-output models may predict integers or leave outputs out: float ones only.
-            forward_ok = all_finite(
-                [t for t in watched if t is not None and tf.as_dtype(t.dtype).is_floating]
-            )
-            receivers = list(out.get("receivers") or [])
-            normalized = (
-                attention_ok(list(out.get("alpha") or [])[: len(receivers)], receivers)
-                if receivers
-                else tf.constant(True)
-            )
-            # Raw gradients, as the step computed them: the optimizer's own clipping
-            # (clipnorm, clipvalue) has not run yet, so it cannot hide a NaN.
-            gradients_ok = all_finite([g for g, _ in grads_and_vars if g is not None])
-            self._step_ok.assign(tf.stack([forward_ok, normalized, gradients_ok]))
-            healthy = forward_ok & normalized & gradients_ok & (self._failed_step < 0)
-            # Skip a failing update, and every update after it in the same execution: the
-            # weights from before the failing step are what the replay needs.
-            tf.cond(
-                healthy,
-                lambda: _applied(apply_gradients, grads_and_vars, *args, **kwargs),
-                tf.no_op,
-            )
-
-        optimizer.apply_gradients = guarded_apply_gradients
-
-    def _optimizer_unwrap(self, optimizer: keras.optimizers.Optimizer) -> None:
-        # The wrapper lives only while the step is traced: a second sentinel on the same
-        # optimizer wraps the original, never this one.
-        if "apply_gradients" in vars(optimizer):
-            del optimizer.apply_gradients
-
     # --- callbacks ------------------------------------------------------------------------
 
     def on_train_begin(self, logs: dict | None = None) -> None:
-        self.result = _empty_result()
+        self.result, self.report = _empty_result(), None
         self._steps.assign(0)
         self._failed_step.assign(-1)
 
     def on_train_end(self, logs: dict | None = None) -> None:
         self._unwrap()
-        self.model.train_function = None
+        if getattr(self.model, "optimizer", None) is not None:
+            self.model.make_train_function(force=True)  # a later fit traces it unwatched
 
     def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
         self._epoch = epoch + 1
@@ -253,20 +230,28 @@ class NanSentinel(keras.callbacks.Callback):
         failed_step = int(self._failed_step.numpy())
         if failed_step < 0 or self.result["first_nan_epoch"] is not None:
             return
-        flags = self._failed_flags.numpy()
-        check = next(c for c, ok in zip(SENTINEL_CHECKS, flags, strict=True) if not ok)
-        if check == "loss" or not flags[SENTINEL_CHECKS.index("loss")]:
+        report = StepReport.of(self._failed_report.numpy())
+        self.report = report
+        check = report.first_failure()
+        if not report.passed("loss"):
             self.result["loss_nan_epoch"] = self._epoch
         site = self._locate(check)
+        kind = "normalization" if check == "attention" else "nonfinite"
+        largest = report.stat("max_abs_grad")
         self.result.update(
             first_nan_epoch=self._epoch,
             first_nan_step=failed_step,
             first_nan_where=site.where,
             first_nan_layer=site.layer,
             first_nan_op=site.op,
-            failure_kind="normalization" if check == "attention" else "nonfinite",
+            failure_kind=kind,
+            failure_cause=failure_cause(
+                kind, site, self._weights_dtype(), largest if largest == largest else None
+            ),
         )
-        self.result["failure_cause"] = failure_cause(self.result["failure_kind"], site)
+        self._stop(site, failed_step)
+
+    def _stop(self, site: NanSite, failed_step: int) -> None:
         line = (
             f"NanSentinel: epoch {self._epoch}, step {failed_step}: "
             f"{self.result['failure_kind']} ({self.result['failure_cause']}) at {site.where}"
@@ -279,13 +264,17 @@ class NanSentinel(keras.callbacks.Callback):
             print(line)
         self.model.stop_training = True
 
+    def _weights_dtype(self) -> str:
+        weights = self.model.trainable_variables
+        return tf.as_dtype(weights[0].dtype).name if weights else "float32"
+
     # --- naming ---------------------------------------------------------------------------
 
     def _locate(self, check: str) -> NanSite:
-        stage = _STAGE.get(check, check)
+        stage = guard.stage_of(check)
         model = self.model
         if check == "weights":
-            return nonfinite_weight_site(model.trainable_variables, model.optimizer)
+            return nonfinite_state_site(model.trainable_variables, model.optimizer)
         if not self._keeps_batch:
             return NanSite(stage, None, XLA_NOT_REPLAYED)
         if not self.replay or self._stash is None:
@@ -293,16 +282,14 @@ class NanSentinel(keras.callbacks.Callback):
         data = tf.nest.pack_sequence_as(self._structure, [v.value() for v in self._stash])
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
         if check == "attention":
-            out = model.forward(x)
-            receivers = list(out.get("receivers") or [])
-            alphas = list(out.get("alpha") or [])[: len(receivers)]
-            names = list(out.get("attention_layers") or [])
-            names += [f"attention_{k}" for k in range(len(names), len(alphas))]
+            # The step's own forward pass, with its training flag, from the kept weights.
+            out = forward(model, x, training=True)
+            receivers = out["receivers"]
             site = normalization_site(
                 "forward",
-                [a.numpy() for a in alphas],
+                [a.numpy() for a in out["alpha"][: len(receivers)]],
                 [r.numpy() for r in receivers],
-                names,
+                out["attention_layers"],
             )
             return site or NanSite(stage, None, "softmax normalization")
         site = replay_step(
@@ -314,9 +301,17 @@ class NanSentinel(keras.callbacks.Callback):
         return site or NanSite(stage)
 
 
-def _applied(apply_gradients: Any, grads_and_vars: list, *args: Any, **kwargs: Any) -> Any:
-    apply_gradients(grads_and_vars, *args, **kwargs)
-    return tf.no_op()
+def nonfinite_state_site(weights: list, optimizer: keras.optimizers.Optimizer) -> NanSite:
+    """The site of an update that left a weight, or only the optimizer's state, non-finite:
+    the weight's layer, or the first non-finite optimizer variable (e.g. Adam's second
+    moment, ``velocity``, of a weight whose ``g * g`` overflowed)."""
+    site = nonfinite_weight_site(weights, optimizer)
+    if site.layer is not None:
+        return site
+    for variable in guard.optimizer_state(optimizer):
+        if not bool(tf.reduce_all(tf.math.is_finite(variable)).numpy()):
+            return NanSite("weights", None, f"{site.op}: {variable.path} not finite")
+    return site
 
 
 def _empty_result() -> dict[str, Any]:

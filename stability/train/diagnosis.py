@@ -1,0 +1,232 @@
+"""Naming a run's first failure: which check fired, where, and why (``failure_cause``).
+
+The step guard says which check failed; the diagnosis replays what it needs to name the
+layer and op: the failing step with every op checked (a non-finite value), the forward pass
+from the weights the guard kept (a normalization failure), or the update from the state just
+before the failing step (``Rewind``; an update failure, which the guard cannot hold back).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+
+from stability.core.results import RunResult
+from stability.data import Dataset
+from stability.data.graphs import GraphBatch
+from stability.model.variants import Recipe
+from stability.train.cause import failure_cause
+from stability.train.checks import nonfinite_weight_site, normalization_site
+from stability.train.config import TrainConfig, storage_dtype
+from stability.train.forward import forward
+from stability.train.guard import StepReport, stage_of
+from stability.train.replay import (
+    NanSite,
+    replay_forward,
+    replay_step,
+    replay_update,
+    xla_gradient_site,
+)
+from stability.train.step import apply_update, total_loss
+from stability.train.tape import transform_name
+
+
+@dataclass
+class EpochStart:
+    """The state at an epoch's start: every variable's value and the shuffling RNG's state;
+    ``steps`` counts the epoch's steps taken so far."""
+
+    values: list[np.ndarray]
+    rng_state: dict
+    steps: int = 0
+
+
+@dataclass
+class Rewind:
+    """What ``Diagnosis.update_site`` needs to rebuild the state before a failing step: the
+    epoch's start, the compiled step and the epoch's batches again (``batches(rng)``, the
+    trainer's shuffling from that RNG state)."""
+
+    start: EpochStart
+    step: Callable[..., Any]
+    batches: Callable[[np.random.Generator], Iterator[tuple[GraphBatch, GraphBatch]]]
+
+
+class Diagnosis:
+    """Fills a run's ``first_nan_*``, ``failure_kind`` and ``failure_cause`` fields."""
+
+    def __init__(self, recipe: Recipe, dataset: Dataset, config: TrainConfig):
+        self.recipe, self.dataset, self.config = recipe, dataset, config
+
+    def step_failure(
+        self,
+        result: RunResult,
+        report: StepReport,
+        epoch: int,
+        steps: int,
+        batches: tuple[GraphBatch, GraphBatch],
+        rewind: Rewind | None = None,
+    ) -> None:
+        """Name the first failing step's failure.
+
+        ``batches`` is the batch and what the step was fed (the batch padded, under XLA).
+        A non-finite value is named by replaying the step with every op checked; a
+        normalization failure by recomputing the forward pass (the guard kept the weights);
+        an update failure by replaying the update from the state before it (``rewind``).
+        """
+        batch, fed = batches
+        result.first_nan_epoch, result.first_nan_step = epoch, steps
+        _record_failing_gradients(result, report)
+        check = report.first_failure()
+        kind = "normalization" if check == "attention" else "nonfinite"
+        if check == "weights":  # finite gradients, but the update wrote a non-finite value
+            site = self._weights_site(rewind, batch)
+        elif check == "attention":
+            site = self.normalization_site("forward", fed, training=True)
+        else:
+            site = self._replayed_site(batch, fed, stage_of(check))
+        # A replay that stayed finite would contradict the check; report what it saw.
+        site = site or NanSite(stage_of(check))
+        if check == "gradient" and report.passed("transform"):
+            # The raw gradient was not finite and the transform made it finite: the run
+            # would have trained on as if healthy.
+            kind = "masked_gradient"
+            name = transform_name(self.recipe.gradient_transform)
+            site = NanSite(
+                site.where, site.layer, f"{site.op}; masked by gradient transform {name}"
+            )
+        result.failure_kind = kind
+        result.failure_cause = failure_cause(kind, site, storage_dtype(self.config.dtype))
+        if site.grad_norm is not None and math.isfinite(site.grad_norm):
+            # The replay's float64 norm: the step's float32 one overflows past ~1e19.
+            result.failure_grad_norm = site.grad_norm
+        result.first_nan_where, result.first_nan_layer, result.first_nan_op = (
+            site.where,
+            site.layer,
+            site.op,
+        )
+
+    def _weights_site(self, rewind: Rewind | None, batch: GraphBatch) -> NanSite:
+        recipe = self.recipe
+        named = nonfinite_weight_site(recipe.model.trainable_variables, recipe.optimizer)
+        site = self.update_site(rewind, batch) if rewind is not None else None
+        if site is None:
+            return named
+        if site.layer is None:  # the weights the update left non-finite
+            return dataclasses.replace(site, layer=named.layer)
+        return site
+
+    def _replayed_site(self, batch: GraphBatch, fed: GraphBatch, stage: str) -> NanSite | None:
+        recipe = self.recipe
+        site = replay_step(
+            recipe.model,
+            lambda predictions: total_loss(recipe, batch.targets, predictions),
+            as_tensors(batch.as_inputs()),
+            recipe.gradient_transform,
+            predict=self._predict,
+        )
+        if site is None and self.config.jit_compile and stage == "gradient":
+            inputs = as_tensors(fed.as_inputs())
+            site = xla_gradient_site(
+                recipe.model,
+                lambda predictions: total_loss(recipe, fed.targets, predictions, inputs),
+                inputs,
+                recipe.gradient_transform,
+                predict=self._predict,
+            )
+        return site
+
+    def _predict(self, inputs: dict[str, tf.Tensor]) -> tf.Tensor:
+        """The step's own call of the model, for a replay (training=True)."""
+        return forward(self.recipe.model, inputs, training=True)["predictions"]
+
+    def state(self) -> list:
+        """Every variable a step changes: the model's and the optimizer's."""
+        return [*self.recipe.model.variables, *self.recipe.optimizer.variables]
+
+    def update_site(self, rewind: Rewind, batch: GraphBatch) -> NanSite | None:
+        """Name the optimizer op that made the update non-finite.
+
+        The guard cannot hold back an update it has not seen yet, so the state from before
+        the failing step is rebuilt: back to the epoch's start, then the epoch's earlier
+        steps again (op determinism makes them the same to the bit). The failing update is
+        then replayed op by op, and the state after the failing step put back.
+        """
+        recipe = self.recipe
+        state = self.state()
+        after = [v.numpy() for v in state]
+        try:
+            for variable, value in zip(state, rewind.start.values, strict=True):
+                variable.assign(value)
+            rng = np.random.default_rng()
+            rng.bit_generator.state = rewind.start.rng_state
+            for _, ready in itertools.islice(rewind.batches(rng), rewind.start.steps - 1):
+                rewind.step(ready.as_inputs(), ready.targets)
+            return replay_update(
+                recipe.model,
+                recipe.optimizer,
+                lambda predictions: total_loss(recipe, batch.targets, predictions),
+                as_tensors(batch.as_inputs()),
+                apply_update,
+                recipe.gradient_transform,
+                predict=self._predict,
+            )
+        finally:
+            for variable, value in zip(state, after, strict=True):
+                variable.assign(value)
+
+    def normalization_site(self, where: str, batch: GraphBatch, training: bool) -> NanSite:
+        """The layer whose attention does not sum to 1, recomputed from the kept weights."""
+        out = forward(self.recipe.model, as_tensors(batch.as_inputs()), training=training)
+        site = normalization_site(
+            where,
+            [a.numpy() for a in out["alpha"]],
+            [r.numpy() for r in out["receivers"]],
+            out["attention_layers"],
+        )
+        return site or NanSite(where, None, "softmax normalization")
+
+    def validation_failure(
+        self, result: RunResult, batch: GraphBatch, epoch: int, steps: int
+    ) -> None:
+        """Name a non-finite or unnormalized validation forward pass (stage ``validation``)."""
+        model = self.recipe.model
+        site = replay_forward(
+            model,
+            lambda inputs: forward(model, inputs, training=False)["predictions"],
+            as_tensors(batch.as_inputs()),
+        )
+        kind = "nonfinite"
+        if site is None:
+            site, kind = (
+                self.normalization_site("validation", batch, training=False),
+                ("normalization"),
+            )
+        result.first_nan_epoch, result.first_nan_step = epoch, steps
+        result.failure_kind = kind
+        result.failure_cause = failure_cause(
+            kind, NanSite("validation", None, site.op, site.evidence)
+        )
+        result.first_nan_where, result.first_nan_layer, result.first_nan_op = (
+            "validation",
+            site.layer,
+            site.op,
+        )
+
+
+def _record_failing_gradients(result: RunResult, report: StepReport) -> None:
+    """The failing step's raw gradient norm and max |g|; None where they are not finite."""
+    norm, largest = report.stat("raw_grad_norm"), report.stat("max_abs_grad")
+    result.failure_grad_norm = norm if math.isfinite(norm) else None
+    result.failure_max_abs_grad = largest if math.isfinite(largest) else None
+
+
+def as_tensors(inputs: dict[str, np.ndarray]) -> dict[str, tf.Tensor]:
+    return {name: tf.convert_to_tensor(value) for name, value in inputs.items()}

@@ -1,0 +1,228 @@
+"""The step guard: one set of checks for every training step, in the trainer and in
+``NanSentinel``.
+
+A step is checked in causal order (``CHECKS``): the forward tensors are finite, the
+attention weights are normalized, the loss is finite, the raw gradients are finite, the
+gradients after the variant's transform are finite, and, after the update, the weights and
+the optimizer's own variables are finite. The first check that fails is where the step's
+failure came from; ``STAGE_OF`` maps it to the stage a report names (``forward``, ``loss``,
+``gradient``, ``weights``). ``before_update`` runs the first five and decides whether the
+update may be applied; ``after_update`` runs the last; ``report`` packs the flags and the
+step's statistics (``STATS``) into one ``[14]`` float32 vector, one read back to the host per
+step, which ``StepReport`` reads by name.
+
+The optimizer's variables are checked with the weights: Adam's second moment can overflow
+to inf while every weight stays finite (``m / sqrt(inf) = 0``), and the weights go NaN a
+step later (``inf - inf``). The raw gradients are checked before any transform or clipping,
+so a transform that masks a non-finite gradient cannot hide it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from stability.train.checks import all_finite, finite_given
+from stability.train.forward import logit_stats, max_abs, normalized, watched_tensors
+
+#: The checks of a step, in causal order and in the order of ``StepReport.flags``.
+CHECKS = ("forward", "attention", "loss", "gradient", "transform", "weights")
+
+#: The stage each check reports: the attention invariant is a forward failure, a failure
+#: the gradient transform introduces or hides is a gradient failure.
+STAGE_OF = {"attention": "forward", "transform": "gradient"}
+
+#: The stages a training step's failure can be reported at, in causal order.
+STAGES = ("forward", "loss", "gradient", "weights")
+
+#: The per-step statistics, in the order of ``StepReport.stats``. ``grad_norm`` is the
+#: global norm of the gradients the optimizer gets (after the variant's transform);
+#: ``raw_grad_norm`` and ``max_abs_grad`` are the backward pass's own.
+STATS = (
+    "loss",
+    "max_abs_logit",
+    "grad_norm",
+    "max_abs_weight",
+    "max_exp_arg",
+    "min_node_max_logit",
+    "raw_grad_norm",
+    "max_abs_grad",
+)
+
+#: Length of a step's report vector: one flag per check, then the statistics.
+REPORT_SIZE = len(CHECKS) + len(STATS)
+
+
+@dataclass(frozen=True)
+class Before:
+    """What ``before_update`` found: ``flags`` ``[5]`` bool (``CHECKS`` but ``weights``)
+    and the statistics read before the update (scalars, float32 where they are figures)."""
+
+    flags: tf.Tensor
+    loss: tf.Tensor
+    logits: tf.Tensor  # [3]: max |logit|, largest exp argument, smallest per-node max logit
+    grad_norm: tf.Tensor
+    raw_grad_norm: tf.Tensor
+    max_abs_grad: tf.Tensor
+
+    @property
+    def healthy(self) -> tf.Tensor:
+        """Scalar bool: every check before the update passed, so it may be applied."""
+        return tf.reduce_all(self.flags)
+
+
+def before_update(
+    out: dict[str, Any],
+    inputs: Any,
+    loss: tf.Tensor,
+    raw: Sequence[tf.Tensor | None],
+    gradients: Sequence[tf.Tensor | None] | None = None,
+    exact: bool = False,
+) -> Before:
+    """Check a step up to its update.
+
+    ``out`` is the forward pass's outputs (``forward.completed``), ``inputs`` the batch it
+    was fed, ``loss`` the scalar reported loss, ``raw`` the backward pass's gradients and
+    ``gradients`` the ones the optimizer gets after the variant's transform (None: no
+    transform). ``exact`` (a step compiled with XLA, whose max drops NaN) checks every
+    tensor one by one instead of reading finiteness off a max.
+    """
+    raw = [g for g in raw if g is not None]
+    # Norms the statistics report anyway double as the finiteness checks (see
+    # checks.finite_given): a healthy step pays no separate pass over the gradients.
+    raw_norm = tf.linalg.global_norm(raw) if raw else tf.constant(0.0)
+    if gradients is not None:
+        gradients = [g for g in gradients if g is not None]
+        norm = tf.linalg.global_norm(gradients) if gradients else tf.constant(0.0)
+        transform_ok = finite_given(norm, gradients)
+    else:
+        norm, transform_ok = raw_norm, None
+    raw_ok = finite_given(raw_norm, raw)
+    attention = normalized(out, inputs)
+    logits = logit_stats(out, inputs)
+    flags = tf.stack(
+        [
+            forward_finite(out, attention, logits[0], exact=exact),
+            attention,
+            tf.reduce_all(tf.math.is_finite(loss)),
+            raw_ok,
+            raw_ok if transform_ok is None else transform_ok,
+        ]
+    )
+    return Before(
+        flags,
+        tf.cast(loss, tf.float32),
+        logits,
+        tf.cast(norm, tf.float32),
+        tf.cast(raw_norm, tf.float32),
+        max_abs(raw),
+    )
+
+
+def forward_finite(
+    out: dict[str, Any], attention: tf.Tensor, max_abs_logit: tf.Tensor, exact: bool = False
+) -> tf.Tensor:
+    """Scalar bool: predictions, attention weights and logits are all finite.
+
+    Cheap on a healthy step: the logits are read off their max |logit| (``finite_given``),
+    and attention weights that sum to 1 at every node are finite (a NaN or inf weight
+    makes its node's sum NaN or inf), so they are checked one by one only when the
+    normalization check failed, or when the model returns no receivers for them.
+    """
+    alphas, checked = out["alpha"], len(out["receivers"])
+    predictions = watched_tensors({**out, "alpha": [], "logits": []})
+    ok = all_finite([*predictions, *alphas[checked:]])
+    # Under XLA (``exact``) a max drops NaN: the logits are then checked one by one.
+    ok &= finite_given(max_abs_logit, out["logits"], exact=exact)
+    if checked:
+        ok &= tf.cond(attention, lambda: tf.constant(True), lambda: all_finite(alphas[:checked]))
+    return ok
+
+
+def guarded(healthy: tf.Tensor, update: Callable[[], Any]) -> None:
+    """Run ``update`` only if ``healthy``: a step that failed a check before its update
+    leaves the weights as they were, so the last good state survives for the replay."""
+
+    def applied() -> tf.Operation:
+        update()
+        return tf.no_op()
+
+    tf.cond(healthy, applied, tf.no_op)
+
+
+def optimizer_state(optimizer: keras.optimizers.Optimizer) -> list:
+    """The optimizer's float variables (its slots and learning rate; not its step count)."""
+    return [v for v in optimizer.variables if tf.as_dtype(v.dtype).is_floating]
+
+
+def after_update(
+    weights: Sequence[tf.Variable], state: Sequence[tf.Variable], exact: bool = False
+) -> tuple[tf.Tensor, tf.Tensor]:
+    """Scalar bool, the weights and the optimizer's ``state`` (``optimizer_state``) are
+    finite after the update, and the max |weight| (float32)."""
+    max_abs_weight = max_abs(list(weights))
+    ok = finite_given(max_abs_weight, weights, exact=exact)
+    if state:
+        ok &= finite_given(max_abs(list(state)), state, exact=exact)
+    return ok, max_abs_weight
+
+
+def report(before: Before, weights_ok: tf.Tensor, max_abs_weight: tf.Tensor) -> tf.Tensor:
+    """``[14]`` float32: the six flags (1 passed, 0 failed) then ``STATS``."""
+    flags = tf.cast(tf.concat([before.flags, [weights_ok]], axis=0), tf.float32)
+    return tf.concat(
+        [
+            flags,
+            tf.stack([before.loss, before.logits[0], before.grad_norm, max_abs_weight]),
+            before.logits[1:],
+            tf.stack([before.raw_grad_norm, before.max_abs_grad]),
+        ],
+        axis=0,
+    )
+
+
+@dataclass(frozen=True)
+class StepReport:
+    """A step's report read on the host: ``flags`` ``[6]`` bool (``CHECKS``) and ``stats``
+    ``[8]`` float32 (``STATS``)."""
+
+    flags: np.ndarray
+    stats: np.ndarray
+
+    @classmethod
+    def of(cls, vector: Any) -> StepReport:
+        """The report of a step's output vector (a tensor or array ``[14]``)."""
+        vector = np.asarray(vector)
+        return cls(vector[: len(CHECKS)] > 0.5, vector[len(CHECKS) :])
+
+    @property
+    def ok(self) -> bool:
+        return bool(self.flags.all())
+
+    def passed(self, check: str) -> bool:
+        return bool(self.flags[CHECKS.index(check)])
+
+    def stat(self, name: str) -> float:
+        return float(self.stats[STATS.index(name)])
+
+    def first_failure(self) -> str | None:
+        """The first check whose flag is False, or None when the step was fine."""
+        return first_failure(self.flags)
+
+
+def first_failure(flags: Sequence[bool]) -> str | None:
+    """The first check (of ``CHECKS``) whose flag is False, or None when the step was fine."""
+    for check, ok in zip(CHECKS, flags, strict=True):
+        if not ok:
+            return check
+    return None
+
+
+def stage_of(check: str) -> str:
+    """The stage a failed check is reported at."""
+    return STAGE_OF.get(check, check)
