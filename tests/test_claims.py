@@ -8,6 +8,7 @@ import pandas as pd
 import pytest
 
 from stability.report.claims import (
+    CLAIM_TABLE,
     CLAIMS,
     NOT_REPRODUCED,
     NOT_RUN,
@@ -158,6 +159,12 @@ def test_every_claim_in_order_and_the_missing_cases_not_run():
         assert out[claim].verdict == NOT_RUN, (claim, out[claim])
     for claim in SEED_CLAIMS:
         assert out[claim].verdict == REPRODUCED, (claim, out[claim])
+
+
+def test_each_claim_is_declared_once():
+    ids = [c.id for c in CLAIM_TABLE]
+    assert len(set(ids)) == len(ids)
+    assert list(CLAIMS) == ids and set(SEED_CLAIMS) < set(ids)
 
 
 def test_the_seed_is_quoted_verbatim():

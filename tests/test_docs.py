@@ -1,8 +1,9 @@
 """The docs against the code, so that they fail together when they drift apart.
 
 - docs/cases.md lists exactly the keys the case loader accepts, with the code's defaults.
-- README.md stays a front door of at most 200 lines, holds both commands verbatim, and its
-  verdicts are those of reports/claims.md.
+- README.md stays a front door of at most 200 lines, holds both commands verbatim, its
+  verdicts are those of reports/claims.md, and its claims (id, tested) those of the claims'
+  table (``stability.report.claims.CLAIM_TABLE``).
 - docs/architecture.md lists the public names, docs/reports.md the CSV columns.
 - Every relative link (and its #anchor) in README.md and docs/*.md resolves.
 
@@ -31,6 +32,7 @@ else:  # pragma: no cover - exercised by the 3.10 tox environment
 import stability
 from stability import list_variants
 from stability.data import dataset_parameters, list_datasets
+from stability.report.claims import CLAIM_TABLE
 from stability.sweep.cases import _MODEL, _TABLES, _TOP_LEVEL, parse_case
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -222,14 +224,15 @@ def test_readme_holds_both_commands_verbatim():
     assert TEST_COMMAND in (ROOT / ".ci" / "run").read_text(encoding="utf-8").splitlines()
 
 
-def verdicts(path: Path) -> dict[str, str]:
-    """claim id -> verdict, from a markdown table with an ``id`` and a ``verdict`` column
-    (other tables with an ``id`` column, such as claims.md's float64 one, are skipped)."""
+def verdicts(path: Path, name: str = "verdict") -> dict[str, str]:
+    """claim id -> verdict (or the column ``name``), from a markdown table with an ``id`` and
+    a ``verdict`` column (other tables with an ``id`` column, such as claims.md's float64
+    one, are skipped)."""
     found, column = {}, None
     for line in path.read_text(encoding="utf-8").splitlines():
         cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
         if line.startswith("|") and cells[0] == "id":
-            column = cells.index("verdict") if "verdict" in cells else None
+            column = cells.index(name) if "verdict" in cells else None
         elif line.startswith("|") and column is not None and re.fullmatch(r"C\d+[ab]?", cells[0]):
             found[cells[0]] = cells[column]
     return found
@@ -237,6 +240,13 @@ def verdicts(path: Path) -> dict[str, str]:
 
 def test_readme_verdicts_are_those_of_the_claims_report():
     assert verdicts(README) == verdicts(ROOT / "reports" / "claims.md")
+
+
+def test_readme_lists_the_claims_of_the_table():
+    """README's table has one row per claim of ``CLAIM_TABLE``, in its order and with its
+    *tested* words."""
+    tested = verdicts(README, "tested")
+    assert list(tested.items()) == [(c.id, c.tested) for c in CLAIM_TABLE]
 
 
 # --- links ----------------------------------------------------------------------------------

@@ -20,15 +20,9 @@ import pandas as pd
 
 from stability.core.failures import failure_cause
 from stability.core.limits import exp_limits
-from stability.report.claims import (
-    CLAIMS,
-    NOT_RUN,
-    TESTS,
-    ClaimInputs,
-    Rules,
-    Verdict,
-    judge,
-)
+from stability.report.claim_rules import Rules
+from stability.report.claim_stats import ClaimInputs
+from stability.report.claims import BY_ID, CLAIM_TABLE, NOT_RUN, Verdict, judge
 
 #: The float64 seed case: its name (``cases/<name>.toml``, ``reports/<name>.csv``).
 CASE = "seed_float64"
@@ -45,27 +39,16 @@ QUOTES = {
 #: "in order of hundreds" and "reaching thousands", as max |attention logit|.
 HUNDREDS, THOUSANDS = 100.0, 1000.0
 
-#: claim -> the seed-case variants its rule reads (``claims._seed_claims``). The claims not
-#: listed need another case (other batch sizes or learning rates), which has no float64 twin.
-CLAIM_VARIANTS = {
-    "C1a": ("raw_e",),
-    "C1b": ("raw_e",),
-    "C3": ("raw_e", "no_e"),
-    "C4": ("raw_e", "sigmoid_e"),
-    "C5": ("raw_e", "relu_e"),
-    "C6": ("raw_e", "grad_clip"),
-    "C7": ("raw_e", "sigma_clip"),
-    "C9": ("raw_e", "weight_constrained"),
-    "C10": ("raw_e", "stable_softmax"),
-    "C11a": ("raw_e",),
-    "C11b": ("raw_e",),
-}
+#: claim -> the variants its rule reads, for the claims that read the seed case (the float64
+#: case's twin); the others need another case (other batch sizes or learning rates), which has
+#: no float64 twin. A view of ``claims.CLAIM_TABLE``.
+CLAIM_VARIANTS = {c.id: c.reads.variants for c in CLAIM_TABLE if c.reads.case == "seed"}
 
 
 def judgeable(variants: Sequence[str]) -> list[str]:
-    """The claims, in ``CLAIMS`` order, whose variants are all among ``variants``."""
+    """The claims, in ``CLAIM_TABLE`` order, whose variants are all among ``variants``."""
     have = set(variants)
-    return [c for c in CLAIMS if c in CLAIM_VARIANTS and set(CLAIM_VARIANTS[c]) <= have]
+    return [c for c, needs in CLAIM_VARIANTS.items() if set(needs) <= have]
 
 
 def float64_section(
@@ -122,7 +105,7 @@ def _verdict_table(f64: list[Verdict], f32: Sequence[Verdict], variants: list[st
         [
             {
                 "id": c,
-                "tested": TESTS[c],
+                "tested": BY_ID[c].tested,
                 "float32": by32[c].verdict if c in by32 else "-",
                 "float64": by64[c].verdict,
                 "float64 numbers": by64[c].numbers,
@@ -141,7 +124,7 @@ def _verdict_table(f64: list[Verdict], f32: Sequence[Verdict], variants: list[st
         if changed
         else f"The dtype changes none of these {len(ids)} verdicts."
     )
-    missing = [c for c in CLAIMS if c not in ids]
+    missing = [c.id for c in CLAIM_TABLE if c.id not in ids]
     absent = _absent(missing, variants)
     return "\n\n".join(p for p in (_markdown(table), change, absent) if p)
 
@@ -177,10 +160,11 @@ def _absent(missing: list[str], variants: list[str]) -> str:
         return ""
     reasons: dict[str, list[str]] = {}
     for claim in missing:
-        if claim not in CLAIM_VARIANTS:
+        reads = BY_ID[claim].reads
+        if reads.case != "seed":
             why = "they need other batch sizes or learning rates, which it does not vary"
         else:
-            lack = [v for v in CLAIM_VARIANTS[claim] if v not in variants]
+            lack = [v for v in reads.variants if v not in variants]
             why = f"no {', '.join(lack)} rows"
         reasons.setdefault(why, []).append(claim)
     groups = [f"{', '.join(claims)} ({why})" for why, claims in reasons.items()]

@@ -11,19 +11,9 @@ import math
 
 import pandas as pd
 
-from stability.report.claims import (
-    NOT_REPRODUCED,
-    NOT_RUN,
-    REPRODUCED,
-    TESTS,
-    ClaimInputs,
-    Rules,
-    Verdict,
-    avoids,
-    best_avoider,
-    mechanism,
-    timing_phrase,
-)
+from stability.report.claim_rules import Rules, avoids, best_avoider, mechanism, timing_phrase
+from stability.report.claim_stats import ClaimInputs, SeedReading, seed_reading
+from stability.report.claims import BY_ID, NOT_REPRODUCED, NOT_RUN, REPRODUCED, Verdict
 from stability.report.summary import settings
 
 
@@ -37,7 +27,7 @@ def claims_markdown(
             {
                 "id": v.id,
                 "the seed says": v.claim,
-                "tested": TESTS[v.id],
+                "tested": BY_ID[v.id].tested,
                 "verdict": v.verdict,
                 "numbers": v.numbers,
                 "why not": v.why or "",
@@ -68,11 +58,10 @@ def claims_markdown(
 
 def summary(verdicts: list[Verdict], inputs: ClaimInputs, rules: Rules) -> str:
     """A paragraph for a reader with a NaN in their own GNN, built from the verdicts."""
-    raw = inputs.seed_stats("raw_e")
-    if raw is None:
+    reading = seed_reading(inputs)
+    if not isinstance(reading, SeedReading):
         return "The seed case was not run, so there is nothing to say yet."
-    by_id = {v.id: v for v in verdicts}
-    stats = {v: inputs.seed_stats(v) for v in inputs.seed["variant"].unique()}
+    raw, stats, by_id = reading.raw, reading.stats, {v.id: v for v in verdicts}
     sentences = [
         _outcomes(stats),
         _where(raw, by_id),
