@@ -41,7 +41,8 @@ def claims_markdown(
     parts = [
         "# The seed's claims, checked",
         "Every verdict below is computed from the rows of the claim cases' CSVs by these rules "
-        "(`stability/report/claim_rules.py`, one per claim of `CLAIM_TABLE` in `stability/report/claims.py`), and every sentence of this page from the verdicts "
+        "(`stability/report/claim_rules.py`, one per claim of `CLAIM_TABLE` in "
+        "`stability/report/claims.py`), and every sentence of this page from the verdicts "
         "and the rows (`stability/report/claims_report.py`). The seed's words are quoted "
         "verbatim; the *tested* column is the harness's reading of each.",
         "## Rules",
