@@ -14,9 +14,10 @@ import tensorflow as tf
 from test_replay import attention_weight_on_e
 
 from stability import BuildContext, Recipe, TrainConfig, Trainer, Variant, create_recipe
+from stability.core.failures import CAUSES
 from stability.data import load_dataset
 from stability.model.losses import robust_loss
-from stability.train.cause import CAUSES, explosion_threshold, failure_cause
+from stability.train.cause import explosion_threshold, failure_cause
 from stability.train.replay import NanSite, OpEvidence, evidence_from, what_happened
 
 CONFIG = TrainConfig(seed=0, batch_size=16, learning_rate=1e-2, epochs=2, hidden=8, dtype="float32")
@@ -74,9 +75,13 @@ def test_a_gradient_whose_square_overflows_is_a_gradient_explosion(tiny_dataset,
     assert result.failure_cause == "gradient explosion"
     assert f": Square (Square) overflow in the {slot} of " in result.first_nan_op
     assert result.failure_max_abs_grad >= THRESHOLD
-    # The weight's own largest |g| is in the op text, and it is beyond sqrt(max) too.
-    largest = float(result.first_nan_op.rsplit("max |g| ", 1)[1])
+    # The failure record names the slot and the weight, whose own largest |g| is beyond
+    # sqrt(max) too; the op text renders the same figure.
+    failure = result.failure
+    assert failure.slot == "velocity" and failure.weight in failure.op
+    largest = failure.weight_max_abs_grad
     assert THRESHOLD <= largest <= result.failure_max_abs_grad * 1.001
+    assert f"max |g| {largest:.3g}" in result.first_nan_op
 
 
 def test_sgd_momentum_overflowing_its_slot_is_a_gradient_explosion(tiny_dataset):

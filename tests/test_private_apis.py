@@ -1,18 +1,32 @@
-"""The two private APIs of other libraries, each isolated in one module: these fail loudly
-when a Keras or Hypothesis release moves them, instead of letting a run misname a layer or
-draw other data."""
+"""The private APIs and behaviours of other libraries, each isolated in one module
+(``keras_layers``, ``keras_private``, ``tf_private``, ``hypothesis_engine``): these fail
+loudly when a TensorFlow, Keras or Hypothesis release changes them, instead of letting a run
+misname a layer or draw other data."""
 
 import importlib
 import random
 
 import keras
+import numpy as np
+import tensorflow as tf
 from hypothesis import strategies as st
 
 from stability.data.hypothesis_engine import PRIVATE_API as HYPOTHESIS_PRIVATE
 from stability.data.hypothesis_engine import draw
 from stability.model.network import GraphNetwork
+from stability.train.failing_op import failing_node
 from stability.train.keras_layers import PRIVATE_API as KERAS_PRIVATE
 from stability.train.keras_layers import layer_names
+from stability.train.keras_private import COMPUTE_LOSS_ARGS, is_slot_of, slot_name
+from stability.train.tf_private import (
+    GRADIENT_SCOPE,
+    captured_handles,
+    error_first_input,
+    error_node,
+    error_op_type,
+    is_gradient_op,
+    strip_uniquifier,
+)
 
 
 def test_keras_private_layer_walk_exists_and_finds_nested_layers():
@@ -40,3 +54,111 @@ def test_seeded_draw_depends_on_the_seed_only():
     assert draw(strategy, seed="x/1") == first
     others = {tuple(draw(strategy, seed=f"x/{i}")) for i in range(2, 12)}
     assert len(others) > 1, "different seeds drew the same value every time"
+
+
+# --- TensorFlow's and Keras' private behaviour, each contract exercised (tf_private,
+# keras_private): a release that changes one fails here, by name.
+
+
+def _check_numerics_error(fn, *args):
+    traced = tf.function(fn)
+    tf.debugging.enable_check_numerics()
+    try:
+        traced(*args)
+    except tf.errors.InvalidArgumentError as error:
+        return str(error), traced.get_concrete_function(*args).graph
+    finally:
+        tf.debugging.disable_check_numerics()
+    raise AssertionError("guards the test: the planted op must fail the check")
+
+
+def test_a_check_numerics_error_names_the_planted_op_its_type_and_its_input():
+    def planted(x):
+        with tf.name_scope("planted_layer"):
+            return tf.math.log(x - 2.0)  # log of -1: NaN
+
+    message, graph = _check_numerics_error(planted, tf.constant([1.0]))
+    assert error_op_type(message) == "Log", message
+    node = error_node(message) or failing_node(message, graph)
+    assert node is not None and node.endswith("planted_layer/Log"), message
+    if error_node(message) is None:  # no traceback attached: the input names the node
+        assert error_first_input(message) is not None, message
+    assert graph.get_operation_by_name(node).type == "Log"
+
+
+def test_a_gradient_op_sits_in_the_tapes_scope_of_its_forward_op():
+    weight = tf.Variable([2.0])
+
+    @tf.function
+    def gradient(x):
+        with tf.GradientTape() as tape, tf.name_scope("layer"):
+            y = tf.sqrt(x * weight)
+        return tape.gradient(y, weight)
+
+    graph = gradient.get_concrete_function(tf.constant([1.0])).graph
+    names = [op.name for op in graph.get_operations()]
+    assert any(is_gradient_op(n) and n.startswith(f"{GRADIENT_SCOPE}/layer/") for n in names), [
+        n for n in names if is_gradient_op(n)
+    ]
+
+
+def test_a_scope_entered_twice_is_uniquified_with_a_suffix():
+    @tf.function
+    def twice(x):
+        for _ in range(2):
+            with tf.name_scope("block"):
+                x = tf.exp(x)
+        return x
+
+    graph = twice.get_concrete_function(tf.constant(1.0)).graph
+    scopes = {op.name.split("/")[0] for op in graph.get_operations() if op.type == "Exp"}
+    assert scopes == {"block", "block_1"}, scopes
+    assert {strip_uniquifier(s, {"block"}) for s in scopes} == {"block"}
+
+
+def test_a_captured_variable_is_paired_with_its_placeholder():
+    variable = tf.Variable([1.0])
+
+    @tf.function
+    def read():
+        return variable * 2.0
+
+    graph = read.get_concrete_function().graph
+    handles = captured_handles(graph)
+    assert any(external is variable.handle for external in handles.values())
+
+
+def test_adam_names_a_weights_slots_after_its_path():
+    layer = keras.layers.Dense(2, name="dense")
+    layer.build((None, 3))
+    optimizer = keras.optimizers.Adam()
+    optimizer.build(layer.trainable_variables)
+    kernel = layer.kernel
+    slots = {slot_name(v, kernel) for v in optimizer.variables if is_slot_of(v, kernel)}
+    assert slots == {"momentum", "velocity"}, [v.name for v in optimizer.variables]
+    bias_slots = [v for v in optimizer.variables if is_slot_of(v, layer.bias)]
+    assert len(bias_slots) == 2 and not any(is_slot_of(v, kernel) for v in bias_slots)
+
+
+def test_train_step_passes_compute_loss_its_arguments_in_this_order():
+    seen = {}
+
+    class Recording(keras.Model):
+        def __init__(self):
+            super().__init__()
+            self.dense = keras.layers.Dense(1)
+
+        def call(self, x):
+            return self.dense(x)
+
+        def compute_loss(self, *args, **kwargs):
+            seen.update(dict(zip(COMPUTE_LOSS_ARGS, args, strict=False)))
+            return super().compute_loss(*args, **kwargs)
+
+    model = Recording()
+    model.compile(keras.optimizers.SGD(), "mse")
+    x, y = np.ones((4, 3), "float32"), np.zeros((4, 1), "float32")
+    model.fit(x, y, epochs=1, batch_size=4, verbose=0)
+    assert set(seen) == set(COMPUTE_LOSS_ARGS), seen
+    assert seen["x"].shape[-1] == 3 and seen["y"].shape[-1] == 1
+    assert seen["y_pred"].shape[-1] == 1

@@ -1,53 +1,213 @@
-"""A run's failure cause, read from its result row: the one place that derives it.
+"""The failure record: one typed value for a run's first failure, rendered once.
 
-Issue 21 adds a ``failure_cause`` column; a row that has it is read as it says. A row
-without it (an older CSV, or before that column lands) is read from the columns of today:
-``failure_kind`` names the silent failures (attention weights not summing to 1, a
-non-finite gradient masked by the transform), and otherwise a ``first_nan_epoch`` means a
-non-finite value: a forward one is read by its op as issue 12's C11b rule reads it (the
-softmax's ``exp`` overflowed, its division computed 0/0 after every ``exp`` of a node
-underflowed), any other by the stage ``first_nan_where`` names, as the cause rule reads a
-stage without evidence. Every value returned is one of ``CAUSES``.
+A failure is found in training (``stability.train.diagnosis``, ``NanSentinel``) and built
+there as a ``Failure``: its stage, kind and cause (enums whose values are the strings the
+CSV holds), where it happened (layer, op, the optimizer slot and weight of an update
+failure) and the failing step's gradient figures. ``Failure.columns`` renders it into the
+result row's columns; ``Failure.read`` reads a row back, older CSVs included, and is the one
+place a cause is derived from a row.
+
+A row without a ``failure_cause`` column (an older CSV) is read from the columns it has:
+``failure_kind`` names the silent failures (attention weights not summing to 1, a non-finite
+gradient masked by the transform), and otherwise a ``first_nan_epoch`` means a non-finite
+value: a forward one is read by its op as issue 12's C11b rule reads it (the softmax's
+``exp`` overflowed, its division computed 0/0 after every ``exp`` of a node underflowed),
+any other by its stage, as the cause rule reads a stage without evidence. Every cause read
+is one of ``CAUSES``.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any
+
+from stability.core.errors import DataError
+
+
+class Stage(str, Enum):
+    """Where the first failure appeared (``first_nan_where``)."""
+
+    FORWARD = "forward"
+    LOSS = "loss"
+    GRADIENT = "gradient"
+    WEIGHTS = "weights"
+    VALIDATION = "validation"
+    INPUT = "input"
+
+
+class Kind(str, Enum):
+    """What the first failure was (``failure_kind``): a non-finite value, the attention
+    weights not summing to 1, a non-finite gradient the gradient transform made finite, or
+    non-finite input data (the run is not trained)."""
+
+    NONFINITE = "nonfinite"
+    NORMALIZATION = "normalization"
+    MASKED_GRADIENT = "masked_gradient"
+    INPUT = "input"
+
+
+class Cause(str, Enum):
+    """Why the run failed (``failure_cause``), by the rule of ``stability.train.cause``
+    (docs/findings.md, "Reading the failure cause")."""
+
+    FORWARD_OVERFLOW = "forward overflow"
+    FORWARD_UNDERFLOW = "forward underflow (0/0)"
+    FORWARD = "forward"
+    LOSS = "loss"
+    GRADIENT_EXPLOSION = "gradient explosion"
+    NONFINITE_GRADIENT_OP = "non-finite gradient op"
+    OPTIMIZER = "optimizer"
+    INPUT = "input"
+    NORMALIZATION = "normalization"
+    MASKED_GRADIENT = "masked gradient"
+    NONE = "none"
+
 
 #: The cause of a run without a failure.
-NO_FAILURE = "none"
+NO_FAILURE = Cause.NONE.value
 
-#: Every value of ``failure_cause``, the one vocabulary of causes: what
-#: ``stability.train.cause.failure_cause`` writes and what ``failure_cause`` reads back from
-#: any row, old CSVs included (docs/findings.md, "Reading the failure cause").
-CAUSES = (
-    "forward overflow",
-    "forward underflow (0/0)",
-    "forward",
-    "loss",
-    "gradient explosion",
-    "non-finite gradient op",
-    "optimizer",
-    "input",
-    "normalization",
-    "masked gradient",
-    NO_FAILURE,
-)
+#: Every value of ``failure_cause``: the one vocabulary of causes.
+CAUSES = tuple(cause.value for cause in Cause)
+
+#: Every value of ``failure_kind`` (``FAILURE_KINDS`` of the trainer).
+KINDS = tuple(kind.value for kind in Kind)
+
+#: Causes that are failures without a NaN or Inf anywhere in the step (issue 11).
+SILENT_CAUSES = frozenset({Cause.NORMALIZATION.value, Cause.MASKED_GRADIENT.value})
+
+#: The cause each kind has whatever the stage.
+KIND_CAUSE = {
+    Kind.INPUT: Cause.INPUT,
+    Kind.NORMALIZATION: Cause.NORMALIZATION,
+    Kind.MASKED_GRADIENT: Cause.MASKED_GRADIENT,
+}
 
 #: The cause of an older row's failure read by its stage alone (no evidence kept): what the
 #: cause rule gives a stage whose failing op could not be run again.
 _STAGE_CAUSE = {
-    "loss": "loss",
-    "gradient": "non-finite gradient op",
-    "weights": "optimizer",
+    Stage.LOSS.value: Cause.LOSS,
+    Stage.GRADIENT.value: Cause.NONFINITE_GRADIENT_OP,
+    Stage.WEIGHTS.value: Cause.OPTIMIZER,
 }
 
-#: Causes that are failures without a NaN or Inf anywhere in the step (issue 11).
-SILENT_CAUSES = frozenset({"normalization", "masked gradient"})
 
-#: ``failure_kind`` values of today's rows that name a silent failure, and their cause.
-_SILENT_KINDS = {"normalization": "normalization", "masked_gradient": "masked gradient"}
+@dataclass(frozen=True)
+class Failure:
+    """A run's first failure.
+
+    ``epoch`` and ``step`` count from 1 (None for input data that was never trained on);
+    ``layer`` is the Keras layer path or None, ``op`` what failed in words (for an update
+    failure: the optimizer op, the slot and the weight). ``slot`` and ``weight`` name the
+    optimizer variable and the weight an update failure wrote (None otherwise, or where the
+    replay could not tell); ``weight_max_abs_grad`` is that weight's largest |gradient|.
+    ``grad_norm`` and ``max_abs_grad`` are the failing step's raw gradient norm and largest
+    |gradient| (None where not finite).
+    """
+
+    stage: Stage
+    kind: Kind
+    cause: Cause
+    epoch: int | None = None
+    step: int | None = None
+    layer: str | None = None
+    op: str | None = None
+    slot: str | None = None
+    weight: str | None = None
+    weight_max_abs_grad: float | None = None
+    grad_norm: float | None = None
+    max_abs_grad: float | None = None
+
+    def columns(self) -> dict[str, Any]:
+        """The result row's columns this failure fills, as the CSV holds them."""
+        return {
+            "first_nan_epoch": self.epoch,
+            "first_nan_step": self.step,
+            "first_nan_where": self.stage.value,
+            "first_nan_layer": self.layer,
+            "first_nan_op": self.op,
+            "failure_kind": self.kind.value,
+            "failure_cause": self.cause.value,
+            "failure_grad_norm": self.grad_norm,
+            "failure_max_abs_grad": self.max_abs_grad,
+        }
+
+    @property
+    def silent(self) -> bool:
+        """Whether it is a failure without a non-finite value."""
+        return self.cause.value in SILENT_CAUSES
+
+    @classmethod
+    def read(cls, row: Mapping[str, object]) -> Failure | None:
+        """The failure of the run of ``row`` (a result row, a dict or a pandas row), or None
+        for a run without one; an older row's cause is derived (module docstring)."""
+        cause = read_cause(row)
+        if cause is Cause.NONE:
+            return None
+        where = _text(row, "first_nan_where")
+        kind = _text(row, "failure_kind")
+        return cls(
+            stage=Stage(where) if where in _STAGES else Stage.FORWARD,
+            kind=Kind(kind) if kind in KINDS else _kind_of(cause),
+            cause=cause,
+            epoch=_integer(row, "first_nan_epoch"),
+            step=_integer(row, "first_nan_step"),
+            layer=_text(row, "first_nan_layer") or None,
+            op=_text(row, "first_nan_op") or None,
+            grad_norm=_number(row, "failure_grad_norm"),
+            max_abs_grad=_number(row, "failure_max_abs_grad"),
+        )
+
+
+_STAGES = {stage.value for stage in Stage}
+
+
+def _kind_of(cause: Cause) -> Kind:
+    for kind, its_cause in KIND_CAUSE.items():
+        if its_cause is cause:
+            return kind
+    return Kind.NONFINITE
+
+
+def read_cause(row: Mapping[str, object]) -> Cause:
+    """The cause of the run of ``row``: its ``failure_cause`` when the row has it, else
+    derived from ``failure_kind``, ``first_nan_epoch``, ``first_nan_where`` and
+    ``first_nan_op`` (module docstring)."""
+    cause = _text(row, "failure_cause")
+    if cause in CAUSES:
+        return Cause(cause)
+    if cause:
+        raise DataError(f"failure_cause {cause!r} is not a cause; accepted: {', '.join(CAUSES)}")
+    kind = _text(row, "failure_kind")
+    if kind in KINDS and Kind(kind) in KIND_CAUSE:
+        return KIND_CAUSE[Kind(kind)]
+    if _text(row, "first_nan_where") == Stage.INPUT.value:
+        return Cause.INPUT
+    if _text(row, "first_nan_epoch"):
+        where, op = _text(row, "first_nan_where"), _text(row, "first_nan_op")
+        if where in ("forward", "validation") and "softmax_exp" in op:
+            return Cause.FORWARD_OVERFLOW
+        if where in ("forward", "validation") and "softmax_div" in op:
+            return Cause.FORWARD_UNDERFLOW
+        return _STAGE_CAUSE.get(where, Cause.FORWARD)
+    return Cause.NONE
+
+
+def failure_cause(row: Mapping[str, object]) -> str:
+    """What made the run of ``row`` fail, or ``"none"`` (``read_cause``, as the CSV says it)."""
+    return read_cause(row).value
+
+
+def failed(row: Mapping[str, object]) -> bool:
+    """Whether the run of ``row`` failed within its budget, silently or not."""
+    return read_cause(row) is not Cause.NONE
+
+
+def is_silent(cause: str) -> bool:
+    """Whether ``cause`` is a failure without a non-finite value."""
+    return cause in SILENT_CAUSES
 
 
 def _text(row: Mapping[str, object], column: str) -> str:
@@ -58,33 +218,11 @@ def _text(row: Mapping[str, object], column: str) -> str:
     return str(value).strip()
 
 
-def failure_cause(row: Mapping[str, object]) -> str:
-    """What made the run of ``row`` (a result row, a dict or a pandas row) fail, or
-    ``"none"``: ``failure_cause`` when the row has it, else derived from ``failure_kind``,
-    ``first_nan_epoch`` and ``first_nan_where``."""
-    cause = _text(row, "failure_cause")
-    if cause:
-        return cause
-    kind = _text(row, "failure_kind")
-    if kind in _SILENT_KINDS:
-        return _SILENT_KINDS[kind]
-    if kind == "input" or _text(row, "first_nan_where") == "input":
-        return "input"
-    if _text(row, "first_nan_epoch"):
-        where, op = _text(row, "first_nan_where"), _text(row, "first_nan_op")
-        if where in ("forward", "validation") and "softmax_exp" in op:
-            return "forward overflow"
-        if where in ("forward", "validation") and "softmax_div" in op:
-            return "forward underflow (0/0)"
-        return _STAGE_CAUSE.get(where, "forward")
-    return NO_FAILURE
+def _number(row: Mapping[str, object], column: str) -> float | None:
+    text = _text(row, column)
+    return float(text) if text else None
 
 
-def failed(row: Mapping[str, object]) -> bool:
-    """Whether the run of ``row`` failed within its budget, silently or not."""
-    return failure_cause(row) != NO_FAILURE
-
-
-def is_silent(cause: str) -> bool:
-    """Whether ``cause`` is a failure without a non-finite value."""
-    return cause in SILENT_CAUSES
+def _integer(row: Mapping[str, object], column: str) -> int | None:
+    text = _text(row, column)
+    return int(float(text)) if text else None

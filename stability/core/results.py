@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field
 
+from stability.core.failures import Failure
 from stability.core.limits import exp_limits
 
 #: The result columns, in CSV order. Every writer renders from this tuple (stable names:
@@ -151,6 +152,15 @@ class RunResult:
     #: rows of one environment compare exactly, others by what holds on any machine.
     environment: str = ""
     history: list[EpochRecord] = field(default_factory=list, repr=False)
+    #: The first failure as one typed record (``stability.core.failures.Failure``), where it
+    #: was found in this process; its columns above are rendered from it. Not a column.
+    failure: Failure | None = field(default=None, repr=False, compare=False)
+
+    def record_failure(self, failure: Failure) -> None:
+        """Keep ``failure`` and fill the columns it renders (``Failure.columns``)."""
+        self.failure = failure
+        for name, value in failure.columns().items():
+            setattr(self, name, value)
 
     @property
     def hit_nan(self) -> bool:

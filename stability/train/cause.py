@@ -32,17 +32,8 @@ import math
 
 import numpy as np
 
-from stability.core.failures import CAUSES, NO_FAILURE, SILENT_CAUSES
-from stability.train.replay import XLA_ONLY, NanSite
-
-assert set(CAUSES) >= SILENT_CAUSES
-
-#: ``failure_kind`` values with a cause of their own, whatever the stage.
-_KIND_CAUSE = {
-    "input": "input",
-    "normalization": "normalization",
-    "masked_gradient": "masked gradient",
-}
+from stability.core.failures import KIND_CAUSE, Cause, Kind
+from stability.train.site import XLA_ONLY, NanSite
 
 
 def explosion_threshold(dtype: str) -> float:
@@ -55,43 +46,48 @@ def failure_cause(
     site: NanSite | None,
     gradient_dtype: str = "float32",
     max_abs_grad: float | None = None,
-) -> str:
-    """The cause of a run's first failure (one of ``CAUSES``), by the module's rule.
+) -> Cause:
+    """The cause of a run's first failure, by the module's rule.
 
     ``kind`` is the row's ``failure_kind`` (None: no failure), ``site`` where it was
     found; ``max_abs_grad`` the failing step's largest |gradient|, used for an update
     failure when the replay did not name the weight.
     """
     if kind is None:
-        return NO_FAILURE
-    if kind in _KIND_CAUSE:
-        return _KIND_CAUSE[kind]
+        return Cause.NONE
+    if Kind(kind) in KIND_CAUSE:
+        return KIND_CAUSE[Kind(kind)]
     where = site.where if site is not None else None
-    evidence = site.evidence if site is not None else None
     if where in ("forward", "validation"):
         return _forward_cause(site)
     if where == "loss":
-        return "loss"
+        return Cause.LOSS
     if where == "gradient":
-        if (site.op and XLA_ONLY in site.op) or evidence is None:
-            return "non-finite gradient op"
-        if evidence.has_inf and not evidence.has_nan and not evidence.zero_denominator:
-            return "gradient explosion"
-        return "non-finite gradient op"
+        return _gradient_cause(site)
     if where == "weights":
         largest = site.max_abs_grad if site.max_abs_grad is not None else max_abs_grad
         if largest is not None and largest >= explosion_threshold(gradient_dtype):
-            return "gradient explosion"
-        return "optimizer"
-    return "forward"
+            return Cause.GRADIENT_EXPLOSION
+        return Cause.OPTIMIZER
+    return Cause.FORWARD
 
 
-def _forward_cause(site: NanSite) -> str:
+def _gradient_cause(site: NanSite) -> Cause:
+    evidence = site.evidence
+    if (site.op and XLA_ONLY in site.op) or evidence is None:
+        return Cause.NONFINITE_GRADIENT_OP
+    if evidence.has_inf and not evidence.has_nan and not evidence.zero_denominator:
+        return Cause.GRADIENT_EXPLOSION
+    return Cause.NONFINITE_GRADIENT_OP
+
+
+def _forward_cause(site: NanSite) -> Cause:
     evidence = site.evidence
     if evidence is None:
-        return "forward overflow" if site.op and site.op.startswith("Exp ") else "forward"
+        exp = site.op and site.op.startswith("Exp ")
+        return Cause.FORWARD_OVERFLOW if exp else Cause.FORWARD
     if evidence.has_nan and evidence.zero_denominator:
-        return "forward underflow (0/0)"
+        return Cause.FORWARD_UNDERFLOW
     if evidence.has_inf:
-        return "forward overflow"
-    return "forward"
+        return Cause.FORWARD_OVERFLOW
+    return Cause.FORWARD

@@ -21,7 +21,7 @@ import numpy as np
 import tensorflow as tf
 
 from stability.core.tolerance import accumulation_dtype, normalization_tolerance
-from stability.train.replay import NanSite
+from stability.train.site import NanSite
 
 
 def all_finite(tensors: Sequence[tf.Tensor]) -> tf.Tensor:

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
+from stability.core.failures import Cause, Failure, Kind, Stage
 from stability.core.results import RunResult
 from stability.data import Dataset
 from stability.data.graphs import GraphBatch
@@ -31,11 +32,11 @@ from stability.train.replay import (
     NanSite,
     replay_forward,
     replay_step,
-    replay_update,
     xla_gradient_site,
 )
 from stability.train.step import apply_update, total_loss
 from stability.train.tape import transform_name
+from stability.train.update_replay import replay_update
 
 
 @dataclass
@@ -82,10 +83,8 @@ class Diagnosis:
         an update failure by replaying the update from the state before it (``rewind``).
         """
         batch, fed = batches
-        result.first_nan_epoch, result.first_nan_step = epoch, steps
-        _record_failing_gradients(result, report)
         check = report.first_failure()
-        kind = "normalization" if check == "attention" else "nonfinite"
+        kind = Kind.NORMALIZATION if check == "attention" else Kind.NONFINITE
         if check == "weights":  # finite gradients, but the update wrote a non-finite value
             site = self._weights_site(rewind, batch)
         elif check == "attention":
@@ -97,21 +96,13 @@ class Diagnosis:
         if check == "gradient" and report.passed("transform"):
             # The raw gradient was not finite and the transform made it finite: the run
             # would have trained on as if healthy.
-            kind = "masked_gradient"
+            kind = Kind.MASKED_GRADIENT
             name = transform_name(self.recipe.gradient_transform)
             site = NanSite(
                 site.where, site.layer, f"{site.op}; masked by gradient transform {name}"
             )
-        result.failure_kind = kind
-        result.failure_cause = failure_cause(kind, site, storage_dtype(self.config.dtype))
-        if site.grad_norm is not None and math.isfinite(site.grad_norm):
-            # The replay's float64 norm: the step's float32 one overflows past ~1e19.
-            result.failure_grad_norm = site.grad_norm
-        result.first_nan_where, result.first_nan_layer, result.first_nan_op = (
-            site.where,
-            site.layer,
-            site.op,
-        )
+        cause = failure_cause(kind.value, site, storage_dtype(self.config.dtype))
+        result.record_failure(failure_of(site, kind, cause, epoch, steps, report))
 
     def _weights_site(self, rewind: Rewind | None, batch: GraphBatch) -> NanSite:
         recipe = self.recipe
@@ -203,29 +194,38 @@ class Diagnosis:
             lambda inputs: forward(model, inputs, training=False)["predictions"],
             as_tensors(batch.as_inputs()),
         )
-        kind = "nonfinite"
+        kind = Kind.NONFINITE
         if site is None:
-            site, kind = (
-                self.normalization_site("validation", batch, training=False),
-                ("normalization"),
-            )
-        result.first_nan_epoch, result.first_nan_step = epoch, steps
-        result.failure_kind = kind
-        result.failure_cause = failure_cause(
-            kind, NanSite("validation", None, site.op, site.evidence)
-        )
-        result.first_nan_where, result.first_nan_layer, result.first_nan_op = (
-            "validation",
-            site.layer,
-            site.op,
-        )
+            site = self.normalization_site("validation", batch, training=False)
+            kind = Kind.NORMALIZATION
+        cause = failure_cause(kind.value, NanSite("validation", None, site.op, site.evidence))
+        failure = Failure(Stage.VALIDATION, kind, cause, epoch, steps, site.layer, site.op)
+        result.record_failure(failure)
 
 
-def _record_failing_gradients(result: RunResult, report: StepReport) -> None:
-    """The failing step's raw gradient norm and max |g|; None where they are not finite."""
+def failure_of(
+    site: NanSite, kind: Kind, cause: Cause, epoch: int, step: int, report: StepReport
+) -> Failure:
+    """The failure record of a failing training step: where ``site`` found it and the
+    step's gradient figures (the replay's float64 norm where it has one: the step's float32
+    norm overflows past ~1e19)."""
     norm, largest = report.stat("raw_grad_norm"), report.stat("max_abs_grad")
-    result.failure_grad_norm = norm if math.isfinite(norm) else None
-    result.failure_max_abs_grad = largest if math.isfinite(largest) else None
+    if site.grad_norm is not None and math.isfinite(site.grad_norm):
+        norm = site.grad_norm
+    return Failure(
+        stage=Stage(site.where),
+        kind=kind,
+        cause=cause,
+        epoch=epoch,
+        step=step,
+        layer=site.layer,
+        op=site.op,
+        slot=site.slot,
+        weight=site.weight,
+        weight_max_abs_grad=site.max_abs_grad,
+        grad_norm=norm if math.isfinite(norm) else None,
+        max_abs_grad=largest if math.isfinite(largest) else None,
+    )
 
 
 def as_tensors(inputs: dict[str, np.ndarray]) -> dict[str, tf.Tensor]:

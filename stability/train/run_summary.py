@@ -6,9 +6,9 @@ import time
 
 import numpy as np
 
+from stability.core.failures import Cause
 from stability.core.limits import exp_limits
 from stability.core.results import EpochRecord, RunResult
-from stability.train.cause import failure_cause
 from stability.train.config import TrainConfig
 from stability.train.guard import STATS
 
@@ -38,8 +38,8 @@ def finish(
     lows = [r.min_node_max_logit for r in result.history if np.isfinite(r.min_node_max_logit)]
     result.max_exp_arg = max(highs) if highs else None
     result.min_node_max_logit = min(lows) if lows else None
-    if result.failure_cause is None:
-        result.failure_cause = failure_cause(result.failure_kind, None)
+    if result.failure_cause is None:  # no failure: the cause says so
+        result.failure_cause = Cause.NONE.value
     if not result.hit_nan:
         result.warning = headroom_warning(result.max_exp_arg, result.min_node_max_logit, config)
     result.wall_seconds = time.perf_counter() - started

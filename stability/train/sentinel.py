@@ -24,18 +24,23 @@ execution update nothing) and under ``jit_compile`` (``True`` or ``"auto"``).
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import keras
 import tensorflow as tf
 
+from stability.core.failures import Failure, Kind
 from stability.core.results import NAN_FIELDS
 from stability.train import guard
 from stability.train.cause import failure_cause
 from stability.train.checks import nonfinite_weight_site, normalization_site
+from stability.train.diagnosis import failure_of
 from stability.train.forward import completed, forward
 from stability.train.guard import REPORT_SIZE, StepReport
-from stability.train.replay import NanSite, replay_step
+from stability.train.keras_private import COMPUTE_LOSS_ARGS
+from stability.train.replay import replay_step
+from stability.train.site import NanSite
 
 #: ``first_nan_op`` under XLA: the batch cannot be kept in a variable (XLA fixes a resource
 #: variable's shape), so there is nothing to replay.
@@ -66,7 +71,8 @@ class NanSentinel(keras.callbacks.Callback):
     An update failure is not replayed here (the state before the step is gone); its cause is
     read from the failing step's largest |gradient|: ``gradient explosion`` at sqrt(max) of
     the weights' dtype and above, where Adam's ``g * g`` overflows, else ``optimizer``.
-    ``report`` is the failing step's ``StepReport`` (its flags and statistics), or None.
+    ``report`` is the failing step's ``StepReport`` (its flags and statistics), and
+    ``failure`` its failure record (``stability.core.failures.Failure``), or None.
 
     Args:
         replay: replay the failing batch to name the layer and op.
@@ -79,6 +85,7 @@ class NanSentinel(keras.callbacks.Callback):
         self.replay, self.raise_error, self.verbose = replay, raise_error, verbose
         self.result: dict[str, Any] = _empty_result()
         self.report: StepReport | None = None
+        self.failure: Failure | None = None
         self._stash: list[tf.Variable] | None = None
         self._structure: Any = None
         self._captured: dict[str, Any] = {}
@@ -90,7 +97,7 @@ class NanSentinel(keras.callbacks.Callback):
     def set_model(self, model: keras.Model) -> None:
         super().set_model(model)
         self._unwrap()
-        self.result, self.report = _empty_result(), None
+        self.result, self.report, self.failure = _empty_result(), None, None
         with tf.init_scope():
             self._steps = tf.Variable(0, dtype=tf.int64, trainable=False)
             self._failed_step = tf.Variable(-1, dtype=tf.int64, trainable=False)
@@ -136,7 +143,7 @@ class NanSentinel(keras.callbacks.Callback):
 
         def captured_compute_loss(*args: Any, **kwargs: Any) -> Any:
             # Keras calls compute_loss(x, y, y_pred, sample_weight, ...), positionally.
-            named = dict(zip(("x", "y", "y_pred", "sample_weight"), args, strict=False))
+            named = dict(zip(COMPUTE_LOSS_ARGS, args, strict=False))
             named.update(kwargs)
             loss = compute_loss(*args, **kwargs)
             captured = dict(self._captured)
@@ -214,7 +221,7 @@ class NanSentinel(keras.callbacks.Callback):
     # --- callbacks ------------------------------------------------------------------------
 
     def on_train_begin(self, logs: dict | None = None) -> None:
-        self.result, self.report = _empty_result(), None
+        self.result, self.report, self.failure = _empty_result(), None, None
         self._steps.assign(0)
         self._failed_step.assign(-1)
 
@@ -236,19 +243,14 @@ class NanSentinel(keras.callbacks.Callback):
         if not report.passed("loss"):
             self.result["loss_nan_epoch"] = self._epoch
         site = self._locate(check)
-        kind = "normalization" if check == "attention" else "nonfinite"
+        kind = Kind.NORMALIZATION if check == "attention" else Kind.NONFINITE
         largest = report.stat("max_abs_grad")
-        self.result.update(
-            first_nan_epoch=self._epoch,
-            first_nan_step=failed_step,
-            first_nan_where=site.where,
-            first_nan_layer=site.layer,
-            first_nan_op=site.op,
-            failure_kind=kind,
-            failure_cause=failure_cause(
-                kind, site, self._weights_dtype(), largest if largest == largest else None
-            ),
+        cause = failure_cause(
+            kind.value, site, self._weights_dtype(), largest if math.isfinite(largest) else None
         )
+        self.failure = failure_of(site, kind, cause, self._epoch, failed_step, report)
+        columns = self.failure.columns()
+        self.result.update({name: columns[name] for name in self.result if name in columns})
         self._stop(site, failed_step)
 
     def _stop(self, site: NanSite, failed_step: int) -> None:

@@ -17,6 +17,7 @@ import numpy as np
 import tensorflow as tf
 
 from stability.core.environment import describe
+from stability.core.failures import KINDS, Cause, Failure, Kind, Stage
 from stability.core.results import EpochRecord, RunResult
 from stability.data import Dataset
 from stability.data.graphs import Graph, GraphBatch, batch_graphs, graph_label
@@ -55,10 +56,8 @@ __all__ = [  # the names other modules import from here
     "storage_dtype",
 ]
 
-#: What a run's first failure was (the ``failure_kind`` column): a non-finite value, the
-#: attention weights not summing to 1, a non-finite gradient the gradient transform made
-#: finite, or non-finite input data (the run is not trained).
-FAILURE_KINDS = ("nonfinite", "normalization", "masked_gradient", "input")
+#: What a run's first failure was (the ``failure_kind`` column; ``core.failures.Kind``).
+FAILURE_KINDS = KINDS
 
 
 class Trainer:
@@ -182,16 +181,10 @@ def input_nan_result(variant: str, data: Dataset, cfg: TrainConfig) -> RunResult
     """The row of a run whose data holds NaN or +-Inf: ``first_nan_where = "input"``, the
     graph in ``first_nan_layer`` and the field in ``first_nan_op``; no epoch, no step."""
     index, field = data.nonfinite_input
-    return new_result(
-        variant,
-        data,
-        cfg,
-        first_nan_where="input",
-        first_nan_layer=graph_label((data.train + data.val)[index], index),
-        first_nan_op=field,
-        failure_kind="input",
-        failure_cause="input",
-    )
+    result = new_result(variant, data, cfg)
+    label = graph_label((data.train + data.val)[index], index)
+    result.record_failure(Failure(Stage.INPUT, Kind.INPUT, Cause.INPUT, layer=label, op=field))
+    return result
 
 
 def new_result(variant: str, data: Dataset, cfg: TrainConfig, **fields: Any) -> RunResult:

@@ -1,0 +1,125 @@
+"""The failing op: from a ``check_numerics`` error to the stage, layer and op a report names.
+
+A forward op is named by its Keras layer (the name scope it ran in) and its type; a gradient
+op by the forward op whose gradient it computes; an op in ``LOSS_SCOPE`` is the loss's, and
+one in the gradient transform's scope the transform's.
+"""
+
+from __future__ import annotations
+
+import tensorflow as tf
+
+from stability.train.site import NanSite
+from stability.train.tape import TRANSFORM_SCOPE
+from stability.train.tf_private import (
+    GRADIENT_SCOPE,
+    error_first_input,
+    error_node,
+    error_op_type,
+    is_gradient_op,
+    strip_uniquifier,
+)
+
+#: Name scope around the loss in a replay, so that ops there are reported as ``loss``.
+LOSS_SCOPE = "stability_loss"
+#: How many ops back from a failing gradient op ``forward_op_of`` looks for forward tensors.
+_GRADIENT_WALK_DEPTH = 4
+
+
+def site_from_error(message: str, known_layers: set[str], graph: tf.Graph | None = None) -> NanSite:
+    """Read a ``check_numerics`` error: the failing node's scope and op type.
+
+    A gradient op (scope ``gradient_tape/...``) is named by the forward op whose gradient it
+    computes when ``graph`` (the replay's graph) is given: ``Sqrt (Sqrt) gradient: SqrtGrad``.
+    """
+    node_name = failing_node(message, graph)
+    op_type = error_op_type(message)
+    scope = node_name.split("/") if node_name else []
+    where = "forward"
+    in_tape = bool(scope) and scope[0] == GRADIENT_SCOPE
+    if any(strip_uniquifier(part, {TRANSFORM_SCOPE}) == TRANSFORM_SCOPE for part in scope):
+        where = "gradient"
+    elif in_tape:
+        where, scope = "gradient", scope[1:]
+    elif LOSS_SCOPE in (strip_uniquifier(part, {LOSS_SCOPE}) for part in scope):
+        where = "loss"
+    layers = [strip_uniquifier(part, known_layers) for part in scope[:-1]]
+    layers = [part for part in layers if part in known_layers]
+    op_text = f"{op_type} ({scope[-1]})" if op_type and scope else op_type
+    if in_tape and graph is not None:
+        forward_op = forward_op_of(graph, node_name)
+        if forward_op is not None:
+            op_text = (
+                f"{forward_op.type} ({forward_op.name.rsplit('/', 1)[-1]}) gradient: "
+                f"{op_type or '?'}"
+            )
+    return NanSite(where=where, layer="/".join(layers) or None, op=op_text)
+
+
+def failing_node(message: str, graph: tf.Graph | None = None) -> str | None:
+    """The name of the op a ``check_numerics`` error is about.
+
+    The error names the node ("Detected at node ...") when TensorFlow attaches the
+    node's traceback; otherwise only the op type and its input tensors are given, and the
+    node is the op of that type in ``graph`` that reads the first input (or, without a
+    graph, a name in that input's scope).
+    """
+    node = error_node(message)
+    if node:
+        return node
+    op_type, tensor = error_op_type(message), error_first_input(message)
+    if not (op_type and tensor):
+        return None
+    if graph is not None:
+        for candidate in graph.get_operations():
+            if candidate.type == op_type and tensor in (t.name for t in candidate.inputs):
+                return candidate.name
+    scope = tensor.rsplit("/", 1)[0] if "/" in tensor else ""
+    return f"{scope}/{op_type}" if scope else op_type
+
+
+def forward_op_of(graph: tf.Graph, gradient_node: str) -> tf.Operation | None:
+    """The forward op whose gradient the op ``gradient_node`` computes, or None.
+
+    The tape puts every gradient op of a forward op in scope ``s`` into scope
+    ``gradient_tape/s``, but names it after the gradient's own math (``SqrtGrad``,
+    ``RealDiv_1``). The gradient reads the forward op's inputs and outputs, so: walk back
+    from the failing op through the gradient ops of the same scope, collect the forward
+    tensors met (nearer ones count more), and take the forward op of scope ``s`` whose
+    inputs and outputs hold most of them; an op whose own output was met wins a tie.
+    """
+    try:
+        failing = graph.get_operation_by_name(gradient_node)
+    except (KeyError, ValueError):
+        return None
+    scope = gradient_node.rsplit("/", 1)[0]
+    forward_scope = scope[len(GRADIENT_SCOPE) + 1 :] if scope != GRADIENT_SCOPE else ""
+    weights: dict[str, float] = {}
+    frontier, seen = [failing], {failing.name}
+    for depth in range(_GRADIENT_WALK_DEPTH):
+        following = []
+        for operation in frontier:
+            for tensor in operation.inputs:
+                producer = tensor.op
+                if not is_gradient_op(producer.name):
+                    weights[tensor.name] = weights.get(tensor.name, 0.0) + 1.0 / (1 + depth)
+                elif producer.name.rsplit("/", 1)[0] == scope and producer.name not in seen:
+                    seen.add(producer.name)
+                    following.append(producer)
+        frontier = following
+    if not weights:
+        return None
+    best, best_score = None, (0.0, False)
+    for candidate in graph.get_operations():
+        name = candidate.name
+        if (name.rsplit("/", 1)[0] if "/" in name else "") != forward_scope:
+            continue
+        outputs = {t.name for t in candidate.outputs}
+        touched = outputs | {t.name for t in candidate.inputs}
+        score = (
+            sum(w for name, w in weights.items() if name in touched),
+            any(name in outputs for name in weights),
+        )
+        if score > best_score:
+            best, best_score = candidate, score
+    return best

@@ -1,0 +1,61 @@
+"""TensorFlow's private behaviour the replay relies on, in one place: each contract here is
+checked by a test in ``tests/test_private_apis.py`` that exercises it, so a release that
+changes one fails a named test instead of misnaming a failure.
+
+- the text of a ``check_numerics`` error (the node "Detected at", the op type, the first
+  input tensor);
+- the scope the gradient tape puts a gradient op in (``gradient_tape/<forward scope>``);
+- the ``_<n>`` suffix TensorFlow appends to a name scope entered again in one graph;
+- ``FuncGraph.captures``, which pairs a captured variable's handle with its placeholder.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+#: The scope TensorFlow's tape puts a gradient op in: ``gradient_tape/<forward op's scope>``.
+GRADIENT_SCOPE = "gradient_tape"
+
+_NODE = re.compile(r"Detected at node (\S+?)/CheckNumerics\w*")
+_OP = re.compile(r'of (?:graph )?op "(\w+)"')
+_INPUT = re.compile(r'Tensor\("([^"]+)"')
+
+
+def error_node(message: str) -> str | None:
+    """The failing node a ``check_numerics`` error names ("Detected at node ..."), or None
+    where TensorFlow attached no traceback."""
+    node = _NODE.search(message)
+    return node.group(1) if node else None
+
+
+def error_op_type(message: str) -> str | None:
+    """The type of the op a ``check_numerics`` error is about (``Exp``, ``RealDiv``)."""
+    op = _OP.search(message)
+    return op.group(1) if op else None
+
+
+def error_first_input(message: str) -> str | None:
+    """The name of the first input tensor a ``check_numerics`` error lists."""
+    tensor = _INPUT.search(message)
+    return tensor.group(1) if tensor else None
+
+
+def strip_uniquifier(part: str, known: set[str]) -> str:
+    """``message_passing_0_1`` -> ``message_passing_0``: TensorFlow uniquifies a name scope
+    that is entered again in the same graph by appending ``_<n>``."""
+    if part in known:
+        return part
+    base, _, number = part.rpartition("_")
+    return base if number.isdigit() and base in known else part
+
+
+def captured_handles(graph: Any) -> dict[int, Any]:
+    """``id(placeholder) -> captured tensor`` of a traced function's graph: a variable read in
+    the function is captured by its handle."""
+    return {id(internal): external for external, internal in graph.captures}
+
+
+def is_gradient_op(name: str) -> bool:
+    """Whether op ``name`` is one the gradient tape made."""
+    return name.startswith(GRADIENT_SCOPE + "/")
