@@ -7,8 +7,8 @@ import statistics
 
 from conftest import NOTES, check_goal, interleave, record_samples
 
-from stability.model.conformance import PROFILES, check_segment_softmax
 from stability.model.softmax import get_softmax
+from stability.testing import check_segment_softmax, conformance_examples
 
 SECTION = "Conformance check, one implementation in one dtype (ci profile)"
 GOAL_SECONDS = 10.0
@@ -25,8 +25,9 @@ def test_one_ci_check_within_ten_seconds():
     )
     NOTES[SECTION] = (
         f"`check_segment_softmax(fn, dtypes=('float32',), profile='ci')`: "
-        f"{PROFILES['ci']} examples for each of the six properties, then the bisection for "
-        "the finite logits; `naive` fails every property, so its time includes shrinking."
+        f"{conformance_examples('ci')} examples for each of the six properties, then the "
+        "bisection for the finite logits; `naive` fails every property, so its time includes "
+        "shrinking."
     )
     for way, samples in seconds.items():
         record_samples(SECTION, way, samples, per=1, unit="s per check")

@@ -41,10 +41,10 @@ _EXPORTS = {  # public name -> module that defines it
     "register_variant": "model.variants",
     "register_softmax": "model.softmax",
     "register_logit_transform": "model.logit_transforms",
-    "ConformanceReport": "model.conformance",
-    "Implementation": "model.conformance",
-    "assert_segment_softmax_conforms": "model.conformance",
-    "check_segment_softmax": "model.conformance",
+    "ConformanceReport": "testing.conformance",
+    "Implementation": "testing.implementation",
+    "assert_segment_softmax_conforms": "testing.conformance",
+    "check_segment_softmax": "testing.conformance",
     "pin_threads": "train.threads",
 }
 

@@ -113,6 +113,6 @@ def segment_softmax_conformance() -> Callable[..., Any]:
     """``stability.assert_segment_softmax_conforms``: ``segment_softmax_conformance(fn,
     dtypes=..., mask=..., profile=...)`` returns the ``ConformanceReport`` and fails the test
     with every failing property's counterexample (docs/conformance.md)."""
-    from stability.model.conformance import assert_segment_softmax_conforms
+    from stability.testing.conformance import assert_segment_softmax_conforms
 
     return assert_segment_softmax_conforms

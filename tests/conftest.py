@@ -3,9 +3,9 @@ import os
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import pytest
-from hypothesis import HealthCheck, settings
 
 from stability.data import Dataset, load_dataset
+from stability.testing.profiles import register_profiles
 from stability.train.threads import pin
 
 # The thread layout every run trains on (1 x 1), set before any test starts TensorFlow, so
@@ -14,27 +14,11 @@ from stability.train.threads import pin
 # same rows through a worker.
 assert pin(), "TensorFlow started before tests/conftest.py could pin its thread layout"
 
-# Hypothesis profiles, chosen with STABILITY_HYPOTHESIS_PROFILE (default "ci"). "ci" is
-# derandomized, so every run tries the same examples, and bounded so the default test run
-# stays within its time budget; "thorough" is for a long local run. Training tests set
+# The Hypothesis profiles, chosen with STABILITY_HYPOTHESIS_PROFILE (default "ci"): "ci" is
+# 200 examples, derandomized, "thorough" 5000 with fresh randomness; stability.testing.profiles
+# defines them once, for these tests and the conformance suite alike. Training tests set
 # their own smaller max_examples on top of either.
-settings.register_profile(
-    "ci",
-    max_examples=200,
-    derandomize=True,
-    database=None,
-    deadline=None,
-    print_blob=True,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-)
-settings.register_profile(
-    "thorough",
-    max_examples=5000,
-    deadline=None,
-    print_blob=True,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-)
-settings.load_profile(os.environ.get("STABILITY_HYPOTHESIS_PROFILE", "ci"))
+register_profiles()
 
 #: A small data set of the seed's kind: a few seconds of training at most.
 TINY_DATA = {"num_graphs": 48, "min_nodes": 3, "max_nodes": 7, "seed": 0}

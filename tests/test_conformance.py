@@ -13,8 +13,8 @@ import stability
 from stability.cli import main
 from stability.core.errors import StabilityError
 from stability.core.limits import exp_limits
-from stability.model.conformance import PROPERTIES
 from stability.model.softmax import get_softmax
+from stability.testing import PROPERTIES
 
 STABLE, NAIVE = get_softmax("stable"), get_softmax("naive")
 

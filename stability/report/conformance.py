@@ -10,8 +10,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from stability.core.limits import exp_limits
-from stability.model.conformance import PROPERTIES, ConformanceReport, span_text
 from stability.model.softmax_inputs import DTYPES
+from stability.testing.conformance import ConformanceReport
+from stability.testing.finite_range import span_text
+from stability.testing.properties import PROPERTIES
 
 
 def conformance_markdown(

@@ -14,9 +14,9 @@ import pytest
 
 from stability.core.files import atomic_write_text
 from stability.core.limits import exp_limits
-from stability.model.conformance import check_segment_softmax
 from stability.model.softmax import get_softmax
 from stability.report.conformance import conformance_markdown
+from stability.testing import check_segment_softmax
 
 pytestmark = pytest.mark.conformance
 
@@ -26,7 +26,7 @@ DTYPES = ("float16", "float32", "float64")
 
 @pytest.fixture(scope="module")
 def reports():
-    from stability.model.conformance_adapters import ADAPTERS
+    from stability.testing.adapters import ADAPTERS
 
     found = {
         name: check_segment_softmax(get_softmax(name), name=f"stability {name}", dtypes=DTYPES)
