@@ -64,7 +64,7 @@ def isolated_registries(monkeypatch):
         (logit_transforms, "_transforms"),
         (registry, "_datasets"),
     ]:
-        monkeypatch.setattr(module, name, dict(getattr(module, name)))
+        monkeypatch.setattr(module, name, getattr(module, name).copy())
     monkeypatch.setattr(plugins, "_loaded", [])
     monkeypatch.setattr(sys, "path", list(sys.path))
     from pathlib import Path

@@ -47,8 +47,9 @@ def builder(name):
 
 @pytest.fixture(autouse=True)
 def bad_datasets(monkeypatch, tmp_path):
+    monkeypatch.setattr(registry, "_datasets", registry._datasets.copy())
     for name in [*BAD_GRAPHS, "empty"]:
-        monkeypatch.setitem(registry._datasets, name, builder(name))
+        registry._datasets.register(builder(name), name=name)
     monkeypatch.chdir(tmp_path)
     (tmp_path / "broken_plugin.py").write_text("raise RuntimeError('boom')\n")
 

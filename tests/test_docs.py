@@ -34,6 +34,7 @@ from stability import list_variants
 from stability.data import dataset_parameters, list_datasets
 from stability.report.claims import CLAIM_TABLE
 from stability.sweep.cases import _MODEL, _TABLES, _TOP_LEVEL, parse_case
+from stability.sweep.settings import settings_table
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
@@ -189,6 +190,17 @@ def test_accepted_values_quote_the_loader(docs):
             assert accepted in docs[scope][key].accepted, (
                 f"{key}: docs/cases.md should say {accepted!r}, says {docs[scope][key].accepted!r}"
             )
+
+
+@pytest.mark.parametrize("scope", ["top", "model"])
+def test_the_settings_tables_are_generated_from_the_declarations(scope, monkeypatch):
+    """docs/cases.md holds the tables ``stability.sweep.settings`` renders, byte for byte
+    (regenerate them with ``settings_table``)."""
+    monkeypatch.delenv("STABILITY_DTYPE", raising=False)  # the default, not tox's override
+    table = settings_table(scope)
+    assert table in CASES_DOC.read_text(encoding="utf-8"), (
+        f"docs/cases.md: the {scope} table differs from settings_table({scope!r}):\n{table}"
+    )
 
 
 def test_documented_defaults_load(docs):

@@ -176,17 +176,17 @@ HIDDEN = 4  # the one-hot node types of the drawn graphs are the node states
 
 
 @pytest.fixture
-def planted_variant():
+def planted_variant(monkeypatch):
     """A test-only variant, registered through the public decorator for this test alone: a
     naive softmax planted where stable_softmax's stable one should be."""
+    # There is no public unregister; other tests list the registry, so register into a copy.
+    monkeypatch.setattr(variants, "_variants", variants._variants.copy())
 
     @register_variant(description="test only: stable_softmax with a naive softmax planted in it")
     def planted_naive_in_stable_softmax(ctx: BuildContext):
         return create_recipe(ctx, softmax="naive")
 
-    yield "planted_naive_in_stable_softmax"
-    # There is no public unregister; other tests list the registry, so leave it as found.
-    variants._variants.pop("planted_naive_in_stable_softmax")
+    return "planted_naive_in_stable_softmax"
 
 
 def message_passing_layer(variant: str):

@@ -87,7 +87,7 @@ def in_folder(folder, monkeypatch):
     """Run main() from the case folder, undoing the plugin's registration afterwards."""
     monkeypatch.chdir(folder)
     monkeypatch.setattr(sys, "path", list(sys.path))
-    monkeypatch.setattr(variants, "_variants", dict(variants._variants))
+    monkeypatch.setattr(variants, "_variants", variants._variants.copy())
     yield folder
     for name in ("ray_test_plugin", "bad_ray_plugin"):
         sys.modules.pop(name, None)
@@ -96,7 +96,7 @@ def in_folder(folder, monkeypatch):
 @pytest.fixture(scope="module")
 def reference(folder, tmp_path_factory):
     """The serial sweep, in this process (the plugin imported and then forgotten)."""
-    saved = dict(variants._variants)
+    saved = variants._variants.copy()
     sys.path.insert(0, str(folder))
     try:
         __import__("ray_test_plugin")
@@ -105,8 +105,7 @@ def reference(folder, tmp_path_factory):
     finally:
         sys.path.remove(str(folder))
         sys.modules.pop("ray_test_plugin", None)
-        variants._variants.clear()
-        variants._variants.update(saved)
+        variants._variants = saved
     return untimed(out / "tiny.csv"), pd.read_csv(out / "tiny.history.csv")
 
 

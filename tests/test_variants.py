@@ -58,7 +58,7 @@ def test_list_variants_filters():
     )
 
 
-def test_register_variant_from_user_code():
+def test_register_variant_from_user_code(isolated_registries):
     @register_variant(description="a test-only variant")
     def test_only_tanh_free(ctx: BuildContext):
         return create_recipe(ctx, softmax="stable", edge_mode="sigmoid")

@@ -58,7 +58,7 @@ def test_a_variant_from_a_script_is_refused(monkeypatch):
         return create_recipe(ctx)
 
     builder.__module__ = "__main__"
-    monkeypatch.setattr(variants, "_variants", dict(variants._variants))
+    monkeypatch.setattr(variants, "_variants", variants._variants.copy())
     register_variant(builder, name="script_only_variant")
     with pytest.raises(StabilityError, match=r"script_only_variant.*importable module"):
         variant_modules(["raw_e", "script_only_variant"])

@@ -1,94 +1,27 @@
-"""One training run's result row and per-epoch history; the CSV columns are defined here."""
+"""One training run's result row and per-epoch history; the CSV columns are their fields.
+
+``RunResult``'s fields, in order, are the result CSV's columns, and ``EpochRecord``'s the
+history CSV's (with the run's identity first and the dtype's exp lines): a column is added by
+adding a field, at the end (stable names and order: users and CI depend on them).
+"""
 
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 
 from stability.core.failures import Failure
 from stability.core.limits import exp_limits
-
-#: The result columns, in CSV order. Every writer renders from this tuple (stable names:
-#: users and CI depend on them).
-RESULT_FIELDS = (
-    "case",
-    "variant",
-    "seed",
-    "dataset",
-    "batch_size",
-    "learning_rate",
-    "epochs",
-    "dtype",
-    "first_nan_epoch",
-    "first_nan_step",
-    "first_nan_where",
-    "first_nan_layer",
-    "first_nan_op",
-    "loss_nan_epoch",
-    "final_mae",
-    "best_mae",
-    "mae_before_nan",
-    "max_abs_logit",
-    "wall_seconds",
-    "steps_per_second",
-    "tf_version",
-    # Appended by issue 14; older CSVs lack them (readers fill them in, see ``missing``).
-    "failure_kind",
-    "max_exp_arg",
-    "min_node_max_logit",
-    "warning",
-    # Appended by issue 21: what kind of failure it was (stability.train.cause), and the
-    # failing step's raw gradient norm and largest |gradient|.
-    "failure_cause",
-    "failure_grad_norm",
-    "failure_max_abs_grad",
-    # Appended by issue 25: what the run's numbers depend on (stability.core.environment).
-    "environment",
-)
-
-#: The columns that say whether, when and where a run's first NaN happened.
-NAN_FIELDS = RESULT_FIELDS[
-    RESULT_FIELDS.index("first_nan_epoch") : RESULT_FIELDS.index("loss_nan_epoch") + 1
-]
-
-#: Columns that depend on the machine's speed, left out when two runs are compared for
-#: determinism or resumption.
-TIMING_FIELDS = ("wall_seconds", "steps_per_second")
-
-#: Per-epoch history columns.
-HISTORY_FIELDS = (
-    "case",
-    "variant",
-    "seed",
-    "dataset",
-    "batch_size",
-    "learning_rate",
-    "epoch",
-    "train_loss",
-    "val_mae",
-    "max_abs_logit",
-    "grad_norm",
-    "max_abs_weight",
-    # Appended by issue 14: signed headroom to exp's limits, next to the dtype's lines.
-    "max_exp_arg",
-    "min_node_max_logit",
-    "exp_overflow_line",
-    "exp_underflow_line",
-    # Appended by issue 21: the largest |raw gradient| of the epoch, beside grad_norm.
-    "max_abs_grad",
-)
-
-#: Columns a CSV written before issue 14 lacks; ``report``/``compare``/``claims`` read such
-#: CSVs by filling them with empty values.
-ADDED_RESULT_FIELDS = RESULT_FIELDS[RESULT_FIELDS.index("tf_version") + 1 :]
-ADDED_HISTORY_FIELDS = HISTORY_FIELDS[HISTORY_FIELDS.index("max_abs_weight") + 1 :]
-
 
 #: How ``summary_line`` words a failure that is not a plain non-finite value.
 _OUTCOMES = {
     "normalization": "attention weights not summing to 1",
     "masked_gradient": "non-finite gradient masked by the transform",
 }
+
+
+#: The metadata of a ``RunResult`` field that is not a CSV column.
+_NOT_A_COLUMN = {"column": False}
 
 
 @dataclass
@@ -101,9 +34,11 @@ class EpochRecord:
     max_abs_logit: float = math.nan
     grad_norm: float = math.nan
     max_abs_weight: float = math.nan
+    # Appended by issue 14 (the history CSV puts the dtype's exp lines after these two).
     #: The largest exp argument and the smallest per-node max logit, signed.
     max_exp_arg: float = math.nan
     min_node_max_logit: float = math.nan
+    # Appended by issue 21.
     #: The largest |raw gradient| over the epoch's finite steps.
     max_abs_grad: float = math.nan
 
@@ -133,6 +68,7 @@ class RunResult:
     wall_seconds: float = 0.0
     steps_per_second: float = 0.0
     tf_version: str = ""
+    # Appended by issue 14; older CSVs lack them (readers fill them in, see ``missing``).
     #: What the first failure was: ``nonfinite``, ``normalization`` (attention weights not
     #: summing to 1), ``masked_gradient`` (a non-finite gradient the transform made finite)
     #: or ``input``; None for a run without one.
@@ -141,6 +77,7 @@ class RunResult:
     min_node_max_logit: float | None = None
     #: Why a finite run is still suspect (near exp's limits), or None.
     warning: str | None = None
+    # Appended by issue 21 (stability.train.cause).
     #: What kind of failure the first one was (``stability.train.cause.CAUSES``): e.g.
     #: ``forward underflow (0/0)``, ``gradient explosion``; ``none`` without one.
     failure_cause: str | None = None
@@ -148,13 +85,14 @@ class RunResult:
     #: not finite, or without a failing step).
     failure_grad_norm: float | None = None
     failure_max_abs_grad: float | None = None
+    # Appended by issue 25 (stability.core.environment).
     #: The libraries, thread layout and CPU the run trained on (``environment.describe``);
     #: rows of one environment compare exactly, others by what holds on any machine.
     environment: str = ""
-    history: list[EpochRecord] = field(default_factory=list, repr=False)
+    history: list[EpochRecord] = field(default_factory=list, repr=False, metadata=_NOT_A_COLUMN)
     #: The first failure as one typed record (``stability.core.failures.Failure``), where it
     #: was found in this process; its columns above are rendered from it. Not a column.
-    failure: Failure | None = field(default=None, repr=False, compare=False)
+    failure: Failure | None = field(default=None, repr=False, compare=False, metadata=_NOT_A_COLUMN)
 
     def record_failure(self, failure: Failure) -> None:
         """Keep ``failure`` and fill the columns it renders (``Failure.columns``)."""
@@ -193,7 +131,42 @@ class RunResult:
 
     def history_rows(self) -> list[dict[str, object]]:
         """One row per epoch, keyed by ``HISTORY_FIELDS``."""
-        ident = {name: getattr(self, name) for name in HISTORY_FIELDS[:6]}
+        ident = {name: getattr(self, name) for name in _HISTORY_IDENTITY}
         lines = exp_limits(self.dtype)
-        extra = {"exp_overflow_line": lines.overflow, "exp_underflow_line": -lines.underflow}
+        extra = dict(zip(_EXP_LINE_FIELDS, (lines.overflow, -lines.underflow), strict=True))
         return [{**ident, **asdict(record), **extra} for record in self.history]
+
+
+#: The result columns, in CSV order: ``RunResult``'s fields but its history and its failure
+#: record (whose columns are fields of their own). Every writer renders from this tuple.
+RESULT_FIELDS = tuple(f.name for f in fields(RunResult) if f.metadata.get("column", True))
+
+#: The columns that say whether, when and where a run's first NaN happened.
+NAN_FIELDS = RESULT_FIELDS[
+    RESULT_FIELDS.index("first_nan_epoch") : RESULT_FIELDS.index("loss_nan_epoch") + 1
+]
+
+#: Columns that depend on the machine's speed, left out when two runs are compared for
+#: determinism or resumption.
+TIMING_FIELDS = ("wall_seconds", "steps_per_second")
+
+#: The run's identity at the head of every history row.
+_HISTORY_IDENTITY = RESULT_FIELDS[: RESULT_FIELDS.index("learning_rate") + 1]
+#: The dtype's exp lines beside each epoch's headroom (``exp_limits``), added by issue 14.
+_EXP_LINE_FIELDS = ("exp_overflow_line", "exp_underflow_line")
+_EPOCH_FIELDS = tuple(f.name for f in fields(EpochRecord))
+_AFTER_EXP_LINES = _EPOCH_FIELDS.index("max_abs_grad")  # issue 21 appended it after them
+
+#: Per-epoch history columns: the run's identity, then ``EpochRecord``'s fields with the exp
+#: lines after issue 14's headroom.
+HISTORY_FIELDS = (
+    _HISTORY_IDENTITY
+    + _EPOCH_FIELDS[:_AFTER_EXP_LINES]
+    + _EXP_LINE_FIELDS
+    + _EPOCH_FIELDS[_AFTER_EXP_LINES:]
+)
+
+#: Columns a CSV written before issue 14 lacks; ``report``/``compare``/``claims`` read such
+#: CSVs by filling them with empty values.
+ADDED_RESULT_FIELDS = RESULT_FIELDS[RESULT_FIELDS.index("tf_version") + 1 :]
+ADDED_HISTORY_FIELDS = HISTORY_FIELDS[HISTORY_FIELDS.index("max_abs_weight") + 1 :]

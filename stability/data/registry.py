@@ -14,7 +14,8 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from stability.core.errors import DataError, NameNotFound, StabilityError
+from stability.core.errors import DataError, StabilityError
+from stability.core.registry import Registry
 from stability.data.graphs import (
     Graph,
     graph_label,
@@ -110,18 +111,18 @@ class Dataset:
         )
 
 
-_datasets: dict[str, Callable[..., Dataset]] = {}  # name -> builder(seed=..., **params)
+_datasets: Registry[Callable[..., Dataset]] = Registry("data set")  # name -> builder(seed=...)
 
 
 def register_dataset(fn: Callable[..., Dataset]) -> Callable[..., Dataset]:
-    """Register a data set builder under its function name."""
-    _datasets[fn.__name__] = fn
-    return fn
+    """Register a data set builder under its function name (a name taken by another function
+    is refused, as for variants)."""
+    return _datasets.register(fn)
 
 
 def dataset_parameters(name: str) -> dict[str, object]:
     """The keyword parameters of data set ``name`` with their defaults."""
-    builder = _get_builder(name)
+    builder = _datasets.get(name)
     return {
         p.name: p.default
         for p in inspect.signature(builder).parameters.values()
@@ -130,7 +131,7 @@ def dataset_parameters(name: str) -> dict[str, object]:
 
 
 def list_datasets() -> list[str]:
-    return sorted(_datasets)
+    return _datasets.names()
 
 
 def load_dataset(name: str, *, allow_nonfinite: bool = False, **params: object) -> Dataset:
@@ -139,7 +140,7 @@ def load_dataset(name: str, *, allow_nonfinite: bool = False, **params: object) 
     A graph holding NaN or +-Inf is a ``DataError`` naming it and the field, unless
     ``allow_nonfinite``: then the runs record ``first_nan_where = "input"`` untrained.
     """
-    builder = _get_builder(name)
+    builder = _datasets.get(name)
     try:
         dataset = builder(**params)
     except StabilityError:
@@ -155,12 +156,6 @@ def load_dataset(name: str, *, allow_nonfinite: bool = False, **params: object) 
             "to record such runs as first_nan_where = input"
         )
     return dataset
-
-
-def _get_builder(name: str) -> Callable[..., Dataset]:
-    if name not in _datasets:
-        raise NameNotFound("data set", name, _datasets)
-    return _datasets[name]
 
 
 def dataset_from_key(key: str) -> Dataset:

@@ -21,8 +21,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from stability.core.errors import NameNotFound
-from stability.core.registration import check_new_name
+from stability.core.registry import Registry
 
 LogitTransform = Callable[[tf.Tensor], tf.Tensor]
 
@@ -32,27 +31,20 @@ def no_transform(logits: tf.Tensor) -> tf.Tensor:
     return logits
 
 
-_transforms: dict[str, LogitTransform] = {"none": no_transform}  # name -> transform
+_transforms: Registry[LogitTransform] = Registry(  # name -> transform
+    "logit transform", {"none": no_transform}
+)
 
 
 def register_logit_transform(fn: LogitTransform | None = None, *, name: str | None = None) -> Any:
     """Decorator: register ``fn`` as the logit transform ``name`` (default: its function name)."""
-
-    def decorate(transform: LogitTransform) -> LogitTransform:
-        key = name or transform.__name__
-        check_new_name("logit transform", key, _transforms.get(key), transform)
-        _transforms[key] = transform
-        return transform
-
-    return decorate(fn) if fn is not None else decorate
+    return _transforms.register(fn, name=name)
 
 
 def get_logit_transform(name: str) -> LogitTransform:
     """The logit transform called ``name``."""
-    if name not in _transforms:
-        raise NameNotFound("logit transform", name, _transforms)
-    return _transforms[name]
+    return _transforms.get(name)
 
 
 def list_logit_transforms() -> list[str]:
-    return sorted(_transforms)
+    return _transforms.names()

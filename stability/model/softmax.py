@@ -20,8 +20,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from stability.core.errors import NameNotFound
-from stability.core.registration import check_new_name
+from stability.core.registry import Registry
 
 SegmentSoftmax = Callable[[tf.Tensor, tf.Tensor, tf.Tensor], tf.Tensor]
 
@@ -55,10 +54,9 @@ def stable_segment_softmax(
     return tf.math.truediv(exp, tf.gather(denominator, receivers), name="softmax_div")
 
 
-_softmaxes: dict[str, SegmentSoftmax] = {  # name -> segment softmax
-    "naive": naive_segment_softmax,
-    "stable": stable_segment_softmax,
-}
+_softmaxes: Registry[SegmentSoftmax] = Registry(  # name -> segment softmax
+    "softmax", {"naive": naive_segment_softmax, "stable": stable_segment_softmax}
+)
 
 
 def register_softmax(fn: SegmentSoftmax | None = None, *, name: str | None = None) -> Any:
@@ -68,22 +66,13 @@ def register_softmax(fn: SegmentSoftmax | None = None, *, name: str | None = Non
     Shapes: ``logits`` ``[num_edges, 1]``, ``receivers`` ``[num_edges]``, ``num_nodes`` a
     scalar; it returns ``[num_edges, 1]``.
     """
-
-    def decorate(softmax: SegmentSoftmax) -> SegmentSoftmax:
-        key = name or softmax.__name__
-        check_new_name("softmax", key, _softmaxes.get(key), softmax)
-        _softmaxes[key] = softmax
-        return softmax
-
-    return decorate(fn) if fn is not None else decorate
+    return _softmaxes.register(fn, name=name)
 
 
 def list_softmaxes() -> list[str]:
-    return sorted(_softmaxes)
+    return _softmaxes.names()
 
 
 def get_softmax(name: str) -> SegmentSoftmax:
     """The segment softmax called ``name`` ("naive", "stable" or a registered one)."""
-    if name not in _softmaxes:
-        raise NameNotFound("softmax", name, _softmaxes)
-    return _softmaxes[name]
+    return _softmaxes.get(name)

@@ -25,8 +25,7 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from stability.core.errors import NameNotFound
-from stability.core.registration import check_new_name
+from stability.core.registry import Registry
 from stability.model.losses import robust_loss
 from stability.model.network import GraphNetwork
 
@@ -69,7 +68,7 @@ class Variant:
     build: Callable[[BuildContext], Recipe]
 
 
-_variants: dict[str, Variant] = {}  # name -> Variant
+_variants: Registry[Variant] = Registry("variant")  # name -> Variant
 
 
 def register_variant(
@@ -86,9 +85,7 @@ def register_variant(
     def decorate(builder: Callable[[BuildContext], Recipe]) -> Callable[[BuildContext], Recipe]:
         key = name or builder.__name__
         text = description if description is not None else _first_line(builder.__doc__)
-        old = _variants.get(key)
-        check_new_name("variant", key, old.build if old is not None else None, builder)
-        _variants[key] = Variant(key, text, builder)
+        _variants.add(key, Variant(key, text, builder), owner=builder)
         return builder
 
     return decorate(fn) if fn is not None else decorate
@@ -96,14 +93,12 @@ def register_variant(
 
 def get_variant(name: str) -> Variant:
     """The variant called ``name``; an unknown name raises ``NameNotFound`` with a suggestion."""
-    if name not in _variants:
-        raise NameNotFound("variant", name, _variants)
-    return _variants[name]
+    return _variants.get(name)
 
 
 def list_variants(filter: str | None = None) -> list[Variant]:
     """Registered variants in name order, optionally those whose name contains ``filter``."""
-    return [v for k, v in sorted(_variants.items()) if filter is None or filter in k]
+    return [_variants.get(k) for k in _variants.names(filter)]
 
 
 def _first_line(doc: str | None) -> str:

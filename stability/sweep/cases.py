@@ -2,13 +2,13 @@
 
 A case is parameters with names and no control flow. Every key is checked where it enters,
 and a bad one gets a one-line ``CaseError`` naming the file, the key, the value and what
-is accepted.
+is accepted. The keys themselves, their defaults and what they accept are declared once, in
+``stability.sweep.settings``.
 """
 
 from __future__ import annotations
 
 import difflib
-import math
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -24,7 +24,7 @@ from stability.core.errors import CaseError, NameNotFound, StabilityError
 from stability.core.plugins import load_plugin, plugin_hint
 from stability.data import dataset_parameters, list_datasets
 from stability.model.variants import get_variant, list_variants
-from stability.train.trainer import DTYPES, default_dtype
+from stability.sweep.settings import MODEL, TABLES, TOP_LEVEL, default, finite_number
 
 
 @dataclass(frozen=True)
@@ -32,28 +32,28 @@ class Case:
     """A validated sweep: variants x seeds x batch sizes x learning rates on one data set."""
 
     name: str
-    description: str = ""
+    description: str = default("description")
     variants: tuple[str, ...] = ()
-    seeds: tuple[int, ...] = (0, 1, 2)
-    batch_sizes: tuple[int, ...] = (32,)
-    learning_rates: tuple[float, ...] = (1e-2,)
-    epochs: int = 100
-    dtype: str = field(default_factory=default_dtype)
-    stop_at_nan: bool = True
+    seeds: tuple[int, ...] = default("seeds")
+    batch_sizes: tuple[int, ...] = default("batch_sizes")
+    learning_rates: tuple[float, ...] = default("learning_rates")
+    epochs: int = default("epochs")
+    dtype: str = field(default_factory=lambda: default("dtype"))
+    stop_at_nan: bool = default("stop_at_nan")
     #: Compile the training step with XLA, on batches padded to one shape per run.
-    jit_compile: bool = False
+    jit_compile: bool = default("jit_compile")
     #: Data with NaN/Inf is an error unless this is set; then each run records
     #: ``first_nan_where = "input"`` without training (never counted as a training NaN).
-    allow_nonfinite_input: bool = False
-    hidden: int = 32
-    num_layers: int = 1
+    allow_nonfinite_input: bool = default("allow_nonfinite_input")
+    hidden: int = default("hidden")
+    num_layers: int = default("num_layers")
     dataset: str = "synthetic"
     dataset_params: Mapping[str, Any] = field(default_factory=dict)
     #: How many data sets to train every run on: data set k is built with seed
     #: ``dataset.seed + k`` (one draw per seed for the ``generated`` data set).
-    num_datasets: int = 1
+    num_datasets: int = default("num_datasets")
     #: The case's own plugins (``plugins = [...]``), imported when the case was loaded.
-    plugins: tuple[str, ...] = ()
+    plugins: tuple[str, ...] = default("plugins")
     #: ``KEY=VALUE`` overrides given on the command line (``--set``), in order.
     overrides: tuple[str, ...] = ()
     #: Intra-op threads each run trains on (``--threads``; not a case key): 1 unless the
@@ -61,56 +61,12 @@ class Case:
     threads: int = 1
 
 
-def _positive_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value > 0
-
-
-def _nonnegative_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
-
-
-def _finite_number(value: Any) -> bool:
-    """An int or float that converts to a finite float (a 400-digit TOML integer does not)."""
-    if not isinstance(value, (int, float)) or isinstance(value, bool):
-        return False
-    try:
-        return math.isfinite(float(value))
-    except OverflowError:
-        return False
-
-
-def _positive_float(value: Any) -> bool:
-    return _finite_number(value) and value > 0
-
-
-def _list_of(check: Callable[[Any], bool]) -> Callable[[Any], bool]:
-    return lambda value: isinstance(value, list) and bool(value) and all(map(check, value))
-
-
-# key -> (check, what is accepted); the top level of a case file.
+# key -> (check, what is accepted), from the declared settings.
 _TOP_LEVEL: dict[str, tuple[Callable[[Any], bool], str]] = {
-    "name": (lambda v: isinstance(v, str) and v.isidentifier(), "letters, digits and _"),
-    "description": (lambda v: isinstance(v, str), "a string"),
-    "variants": (_list_of(lambda v: isinstance(v, str)), "a non-empty list of variant names"),
-    "seeds": (_list_of(_nonnegative_int), "a non-empty list of integers >= 0"),
-    "batch_sizes": (_list_of(_positive_int), "a non-empty list of integers > 0"),
-    "learning_rates": (_list_of(_positive_float), "a non-empty list of numbers > 0"),
-    "epochs": (_positive_int, "an integer > 0"),
-    "dtype": (lambda v: v in DTYPES, f"one of {', '.join(DTYPES)}"),
-    "stop_at_nan": (lambda v: isinstance(v, bool), "true or false"),
-    "jit_compile": (lambda v: isinstance(v, bool), "true or false"),
-    "allow_nonfinite_input": (lambda v: isinstance(v, bool), "true or false"),
-    "num_datasets": (_positive_int, "an integer > 0"),
-    "plugins": (
-        lambda v: isinstance(v, list) and all(isinstance(p, str) and p for p in v),
-        "a list of module names or .py paths (relative to the case file)",
-    ),
+    s.key: (s.check, s.accepted) for s in TOP_LEVEL
 }
-_MODEL: dict[str, tuple[Callable[[Any], bool], str]] = {
-    "hidden": (_positive_int, "an integer > 0"),
-    "num_layers": (_positive_int, "an integer > 0"),
-}
-_TABLES = ("model", "dataset")
+_MODEL: dict[str, tuple[Callable[[Any], bool], str]] = {s.key: (s.check, s.accepted) for s in MODEL}
+_TABLES = tuple(TABLES)
 
 
 #: Data set parameters that name a file: a relative one is relative to the case file.
@@ -250,9 +206,9 @@ def _dataset(source: str, table: dict[str, Any]) -> tuple[str, dict[str, Any]]:
         kind = type(default)
         ok = isinstance(value, kind) and not (kind is int and isinstance(value, bool))
         if kind is float and isinstance(value, int) and not isinstance(value, bool):
-            ok = _finite_number(value)
+            ok = finite_number(value)
             value = float(value) if ok else value
-        if kind is float and ok and not _finite_number(value):
+        if kind is float and ok and not finite_number(value):
             ok = False
         _check_value(source, f"dataset.{key}", value, lambda v, ok=ok: ok, f"a {kind.__name__}")
         params[key] = value

@@ -15,6 +15,7 @@ from stability.core.results import RunResult
 from stability.data import Dataset, load_dataset
 from stability.model.variants import get_variant
 from stability.sweep.cases import Case
+from stability.sweep.settings import per_run
 from stability.sweep.store import RUN_KEY, RunStore, run_key
 from stability.train.threads import LAYOUT, can_train_here
 from stability.train.trainer import TrainConfig, Trainer
@@ -35,13 +36,8 @@ def run_configs(case: Case) -> Iterator[tuple[str, TrainConfig]]:
                 seed=seed,
                 batch_size=batch_size,
                 learning_rate=lr,
-                epochs=case.epochs,
-                dtype=case.dtype,
-                hidden=case.hidden,
-                num_layers=case.num_layers,
-                stop_at_nan=case.stop_at_nan,
-                jit_compile=case.jit_compile,
                 threads=case.threads,
+                **per_run(case),
             ),
         )
 

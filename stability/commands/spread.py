@@ -1,0 +1,107 @@
+"""``python -m stability spread``: rerun a case on other thread layouts and write how far
+its rows moved (``stability.report.spread``)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from stability.commands.flags import add_plugin_flag, add_set_flag, check_writable, positive_int
+from stability.commands.run import variant_list
+from stability.core.errors import StabilityError
+
+
+def add_spread_parser(sub: argparse._SubParsersAction) -> None:
+    spread = sub.add_parser(
+        "spread",
+        help="measure the rounding spread: rerun a case on other thread layouts",
+        description="Train a case's runs on other intra-op thread counts, which round the "
+        "float sums differently as another CPU does, and write <case>.spread.csv and "
+        "<case>.spread.md into --out: how far the first-failure epochs and final MAEs "
+        "moved. compare and the headline test read <case>.spread.csv beside a baseline as "
+        "the tolerance of a comparison across environments (docs/reports.md).",
+    )
+    spread.add_argument("case", type=Path, metavar="CASE", help="a case TOML file")
+    spread.add_argument(
+        "--layouts",
+        type=_thread_counts,
+        default=(1, 2, 8),
+        metavar="N,M,...",
+        help="intra-op thread counts to train on; the first is the reference unless "
+        "--reference is given (default: 1,2,8)",
+    )
+    spread.add_argument(
+        "--reference",
+        type=Path,
+        metavar="CSV",
+        help="a results CSV of the case (e.g. reports/seed.csv) whose rows stand for the "
+        "reference layout they record, instead of training it",
+    )
+    spread.add_argument(
+        "--variants", help="comma-separated variants to measure (default: the case's)"
+    )
+    spread.add_argument(
+        "--out", type=Path, default=Path("reports"), help="folder for the spread files"
+    )
+    spread.add_argument("--workers", type=positive_int, default=1, metavar="N")
+    spread.add_argument(
+        "--resume", action="store_true", help="keep the reruns already trained under --out"
+    )
+    spread.add_argument("--no-progress", action="store_true", help="no progress bars")
+    add_plugin_flag(spread)
+    add_set_flag(spread)
+
+
+def _thread_counts(text: str) -> tuple[int, ...]:
+    counts = tuple(positive_int(part.strip()) for part in text.split(",") if part.strip())
+    if not counts or len(set(counts)) != len(counts):
+        raise argparse.ArgumentTypeError(f"{text!r}: expected distinct counts such as 1,2,8")
+    return counts
+
+
+def spread_command(args: argparse.Namespace) -> int:
+    from dataclasses import replace
+
+    from stability.core.environment import parse
+    from stability.core.files import atomic_write_text
+    from stability.report.spread import measure, spread_markdown, spread_path, stack_layouts
+    from stability.report.writer import read_results
+    from stability.sweep.cases import load_case
+    from stability.sweep.runner import run_case
+
+    case = load_case(args.case, args.overrides)
+    if args.variants:
+        case = replace(case, variants=variant_list(args.variants))
+    frames = {}
+    if args.reference is not None:
+        frame = read_results(args.reference)
+        frame = frame[frame["variant"].isin(case.variants) & frame["seed"].isin(case.seeds)]
+        if frame.empty:
+            raise StabilityError(f"{args.reference}: no rows of {case.name}'s variants and seeds")
+        layouts = {parse(e).get("threads", "") for e in frame["environment"].fillna("")}
+        if len(layouts) != 1 or "" in layouts:
+            raise StabilityError(
+                f"{args.reference}: its rows must record one thread layout in their "
+                f"environment column; they record {sorted(layouts)}"
+            )
+        frames[layouts.pop()] = frame
+    check_writable(args.out)
+    for threads in args.layouts:
+        folder = args.out / "spread" / case.name / f"threads-{threads}"
+        run_case(
+            replace(case, threads=threads),
+            folder,
+            progress=not args.no_progress,
+            resume=args.resume,
+            overwrite=not args.resume,
+            workers=args.workers,
+        )
+        frames[f"{threads}x1"] = read_results(folder / f"{case.name}.csv")
+    stacked = stack_layouts(frames)
+    spread = measure(stacked)
+    path = spread_path(args.out, case.name)
+    atomic_write_text(path, stacked.to_csv(index=False))
+    markdown = args.out / f"{case.name}.spread.md"
+    atomic_write_text(markdown, spread_markdown(case.name, stacked, spread))
+    print(f"wrote {path} and {markdown}")
+    return 0
