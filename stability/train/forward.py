@@ -82,9 +82,9 @@ def normalized(out: dict[str, Any], inputs: Any) -> tf.Tensor:
     return attention_ok(out["alpha"][: len(receivers)], receivers, num_nodes_of(inputs))
 
 
-def logit_stats(out: dict[str, Any], inputs: Any) -> tf.Tensor:
-    """``[3]`` float32: max |attention logit|, the largest ``exp`` argument and the smallest
-    per-node max logit.
+def logit_stats(out: dict[str, Any], inputs: Any, dtype: tf.DType = tf.float32) -> tf.Tensor:
+    """``[3]`` in ``dtype`` (``stats_dtype``): max |attention logit|, the largest ``exp``
+    argument and the smallest per-node max logit.
 
     The last two are signed: the first is the overflow side (``exp`` is inf above
     log(max)), the second the underflow side (a node whose every logit is below log(tiny)
@@ -100,40 +100,53 @@ def logit_stats(out: dict[str, Any], inputs: Any) -> tf.Tensor:
     highs, lows = [], []
     for k, logit in enumerate(logits):
         if shifted[k]:
-            highs.append(tf.constant(0.0))
-            lows.append(tf.constant(0.0))
+            highs.append(tf.constant(0.0, dtype))
+            lows.append(tf.constant(0.0, dtype))
             continue
-        logit = tf.cast(as_columns(logit), tf.float32)
-        lowest = tf.float32.min
+        logit = tf.cast(as_columns(logit), dtype)
+        lowest = dtype.min
         if mask is not None:
             logit = tf.where(mask[:, None], logit, lowest)
         highs.append(tf.reduce_max(logit))
         if k < len(receivers):
             nodes = tf.reduce_max(receivers[k]) + 1 if num_nodes is None else num_nodes
-            # A node without (real) incoming edges gets float32's lowest: left out below.
+            # A node without (real) incoming edges gets the dtype's lowest: left out below.
             node_max = tf.math.unsorted_segment_max(logit, receivers[k], nodes)
             # inf where no node has an incoming edge: the host reads it as "none".
-            lows.append(tf.reduce_min(tf.where(node_max > lowest, node_max, math.inf)))
+            inf = tf.constant(math.inf, dtype)
+            lows.append(tf.reduce_min(tf.where(node_max > lowest, node_max, inf)))
     return tf.stack(
-        [max_abs(logits), _extreme(highs, tf.reduce_max), _extreme(lows, tf.reduce_min)]
+        [
+            max_abs(logits, dtype),
+            _extreme(highs, tf.reduce_max, dtype),
+            _extreme(lows, tf.reduce_min, dtype),
+        ]
     )
 
 
-def max_abs(tensors: list) -> tf.Tensor:
-    """max |x| over ``tensors``, float32; NaN for none.
+def max_abs(tensors: list, dtype: tf.DType = tf.float32) -> tf.Tensor:
+    """max |x| over ``tensors``, in ``dtype``; NaN for none.
 
     One abs and one max over the tensors flattened into one vector, rather than a pair per
     tensor: the step's cost is mostly its number of small ops (the seed's model has 10
     weights), and this is the reduction the weights check reads (``finite_given``).
     """
     if not tensors:
-        return tf.constant(math.nan, tf.float32)
-    flat = [tf.reshape(tf.cast(t, tf.float32), [-1]) for t in tensors]
+        return tf.constant(math.nan, dtype)
+    flat = [tf.reshape(tf.cast(t, dtype), [-1]) for t in tensors]
     return tf.reduce_max(tf.abs(flat[0] if len(flat) == 1 else tf.concat(flat, axis=0)))
 
 
-def _extreme(values: list, reduce: Callable[..., tf.Tensor]) -> tf.Tensor:
+def stats_dtype(weights: list) -> tf.DType:
+    """The dtype a step's statistics are kept in: float64 for a model with float64 weights
+    (a float64 loss above 3.4e38 is finite, and float32 would round every figure), float32
+    otherwise (a mixed policy's float16 figures fit in float32)."""
+    wide = any(tf.as_dtype(w.dtype) == tf.float64 for w in weights)
+    return tf.float64 if wide else tf.float32
+
+
+def _extreme(values: list, reduce: Callable[..., tf.Tensor], dtype: tf.DType) -> tf.Tensor:
     """``reduce`` over scalar ``values``; NaN for none (a single one is used as it is)."""
     if not values:
-        return tf.constant(math.nan)
+        return tf.constant(math.nan, dtype)
     return values[0] if len(values) == 1 else reduce(tf.stack(values))

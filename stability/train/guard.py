@@ -9,7 +9,9 @@ failure came from; ``STAGE_OF`` maps it to the stage a report names (``forward``
 ``gradient``, ``weights``). ``before_update`` runs the first five and decides whether the
 update may be applied; ``after_update`` runs the last; ``report`` packs the flags and the
 step's statistics (``STATS``) into one ``[14]`` float32 vector, one read back to the host per
-step, which ``StepReport`` reads by name.
+step, which ``StepReport`` reads by name. The statistics are float64 for a float64 model
+and float32 otherwise (``stats_dtype``), and a norm whose sum of squares overflows while
+every element is finite is rescaled rather than recorded as inf (``unoverflowed_norm``).
 
 The optimizer's variables are checked with the weights: Adam's second moment can overflow
 to inf while every weight stays finite (``m / sqrt(inf) = 0``), and the weights go NaN a
@@ -83,6 +85,7 @@ def before_update(
     raw: Sequence[tf.Tensor | None],
     gradients: Sequence[tf.Tensor | None] | None = None,
     exact: bool = False,
+    dtype: tf.DType = tf.float32,
 ) -> Before:
     """Check a step up to its update.
 
@@ -90,21 +93,24 @@ def before_update(
     was fed, ``loss`` the scalar reported loss, ``raw`` the backward pass's gradients and
     ``gradients`` the ones the optimizer gets after the variant's transform (None: no
     transform). ``exact`` (a step compiled with XLA, whose max drops NaN) checks every
-    tensor one by one instead of reading finiteness off a max.
+    tensor one by one instead of reading finiteness off a max. The statistics are kept in
+    ``dtype`` (``forward.stats_dtype``).
     """
     raw = [g for g in raw if g is not None]
     # Norms the statistics report anyway double as the finiteness checks (see
     # checks.finite_given): a healthy step pays no separate pass over the gradients.
-    raw_norm = tf.linalg.global_norm(raw) if raw else tf.constant(0.0)
+    raw_norm = tf.linalg.global_norm(raw) if raw else tf.constant(0.0, dtype)
     if gradients is not None:
         gradients = [g for g in gradients if g is not None]
-        norm = tf.linalg.global_norm(gradients) if gradients else tf.constant(0.0)
+        norm = tf.linalg.global_norm(gradients) if gradients else tf.constant(0.0, dtype)
         transform_ok = finite_given(norm, gradients)
+        norm = unoverflowed_norm(norm, gradients)
     else:
-        norm, transform_ok = raw_norm, None
+        norm, transform_ok = None, None
     raw_ok = finite_given(raw_norm, raw)
+    raw_norm = unoverflowed_norm(raw_norm, raw)
     attention = normalized(out, inputs)
-    logits = logit_stats(out, inputs)
+    logits = logit_stats(out, inputs, dtype)
     flags = tf.stack(
         [
             forward_finite(out, attention, logits[0], exact=exact),
@@ -116,12 +122,29 @@ def before_update(
     )
     return Before(
         flags,
-        tf.cast(loss, tf.float32),
+        tf.cast(loss, dtype),
         logits,
-        tf.cast(norm, tf.float32),
-        tf.cast(raw_norm, tf.float32),
-        max_abs(raw),
+        tf.cast(raw_norm if norm is None else norm, dtype),
+        tf.cast(raw_norm, dtype),
+        max_abs(raw, dtype),
     )
+
+
+def unoverflowed_norm(norm: tf.Tensor, tensors: Sequence[tf.Tensor]) -> tf.Tensor:
+    """``norm`` (the global norm of ``tensors``), or, where its sum of squares overflowed
+    while every element is finite, the norm rescaled by the largest |x|: gradients of 1e20
+    are finite, the float32 sum of their squares is not (sqrt(max) is 1.84e19). The healthy
+    path pays one ``is_finite``; a non-finite element keeps the norm non-finite."""
+
+    def rescaled() -> tf.Tensor:
+        largest = tf.reduce_max([tf.reduce_max(tf.abs(t)) for t in tensors])
+        safe = tf.math.is_finite(largest) & (largest > 0)
+        scale = tf.where(safe, largest, tf.ones_like(largest))
+        return tf.where(safe, scale * tf.linalg.global_norm([t / scale for t in tensors]), norm)
+
+    if not tensors:
+        return norm
+    return tf.cond(tf.math.is_finite(norm), lambda: norm, rescaled)
 
 
 def forward_finite(
@@ -161,20 +184,24 @@ def optimizer_state(optimizer: keras.optimizers.Optimizer) -> list:
 
 
 def after_update(
-    weights: Sequence[tf.Variable], state: Sequence[tf.Variable], exact: bool = False
+    weights: Sequence[tf.Variable],
+    state: Sequence[tf.Variable],
+    exact: bool = False,
+    dtype: tf.DType = tf.float32,
 ) -> tuple[tf.Tensor, tf.Tensor]:
     """Scalar bool, the weights and the optimizer's ``state`` (``optimizer_state``) are
-    finite after the update, and the max |weight| (float32)."""
-    max_abs_weight = max_abs(list(weights))
+    finite after the update, and the max |weight| (in ``dtype``)."""
+    max_abs_weight = max_abs(list(weights), dtype)
     ok = finite_given(max_abs_weight, weights, exact=exact)
     if state:
-        ok &= finite_given(max_abs(list(state)), state, exact=exact)
+        ok &= finite_given(max_abs(list(state), dtype), state, exact=exact)
     return ok, max_abs_weight
 
 
 def report(before: Before, weights_ok: tf.Tensor, max_abs_weight: tf.Tensor) -> tf.Tensor:
-    """``[14]`` float32: the six flags (1 passed, 0 failed) then ``STATS``."""
-    flags = tf.cast(tf.concat([before.flags, [weights_ok]], axis=0), tf.float32)
+    """``[14]`` in the statistics' dtype: the six flags (1 passed, 0 failed) then ``STATS``."""
+    dtype = before.loss.dtype
+    flags = tf.cast(tf.concat([before.flags, [weights_ok]], axis=0), dtype)
     return tf.concat(
         [
             flags,

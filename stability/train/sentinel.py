@@ -36,7 +36,7 @@ from stability.train import guard
 from stability.train.cause import failure_cause
 from stability.train.checks import nonfinite_weight_site, normalization_site
 from stability.train.diagnosis import failure_of
-from stability.train.forward import completed, forward
+from stability.train.forward import completed, forward, stats_dtype
 from stability.train.guard import REPORT_SIZE, StepReport
 from stability.train.keras_private import COMPUTE_LOSS_ARGS
 from stability.train.replay import replay_step
@@ -101,7 +101,9 @@ class NanSentinel(keras.callbacks.Callback):
         with tf.init_scope():
             self._steps = tf.Variable(0, dtype=tf.int64, trainable=False)
             self._failed_step = tf.Variable(-1, dtype=tf.int64, trainable=False)
-            self._failed_report = tf.Variable(tf.ones([REPORT_SIZE]), trainable=False)
+            self._failed_report = tf.Variable(
+                tf.ones([REPORT_SIZE], stats_dtype(model.trainable_variables)), trainable=False
+            )
         self._stash, self._structure = None, None
         self._exact = bool(getattr(model, "jit_compile", False))
         self._keeps_batch = not self._exact
@@ -167,6 +169,7 @@ class NanSentinel(keras.callbacks.Callback):
 
         def guarded_apply_gradients(grads_and_vars: Any, *args: Any, **kwargs: Any) -> Any:
             grads_and_vars = list(grads_and_vars)
+            dtype = stats_dtype(model.trainable_variables)
             captured, self._captured = self._captured, {}
             loss = captured.pop("_loss", None)
             x = captured.pop("_x", None)
@@ -178,6 +181,7 @@ class NanSentinel(keras.callbacks.Callback):
                 tf.constant(0.0) if loss is None else loss,
                 [g for g, _ in grads_and_vars],
                 exact=self._exact,
+                dtype=dtype,
             )
             # Skip a failing update, and every update after it in the same execution: the
             # weights from before the failing step are what the replay needs.
@@ -186,7 +190,10 @@ class NanSentinel(keras.callbacks.Callback):
                 lambda: apply_gradients(grads_and_vars, *args, **kwargs),
             )
             weights_ok, max_abs_weight = guard.after_update(
-                model.trainable_variables, guard.optimizer_state(optimizer), exact=self._exact
+                model.trainable_variables,
+                guard.optimizer_state(optimizer),
+                exact=self._exact,
+                dtype=dtype,
             )
             vector = guard.report(before, weights_ok, max_abs_weight)
             self._steps.assign_add(1)

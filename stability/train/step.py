@@ -11,7 +11,7 @@ import tensorflow as tf
 from stability.model.variants import Recipe
 from stability.train import guard
 from stability.train.checks import all_finite
-from stability.train.forward import forward, normalized, watched_tensors
+from stability.train.forward import forward, normalized, stats_dtype, watched_tensors
 from stability.train.tape import differentiate
 
 
@@ -40,8 +40,8 @@ def make_train_step(
 ) -> Callable[..., Any]:
     """A compiled step: forward, loss, gradients, transform, update, and the step guard.
 
-    Returns one ``[14]`` float32 tensor (``guard.report``), which ``guard.StepReport.of``
-    reads by name: one tensor is one read back to the host per step, not two. With
+    Returns one ``[14]`` tensor (``guard.report``; float64 for a float64 model), which
+    ``guard.StepReport.of`` reads by name: one read back to the host per step, not two. With
     ``guard``, a step that fails any check before the update leaves the weights as they
     were, so the last good state survives for inspection.
     """
@@ -53,6 +53,7 @@ def _make_step(
 ) -> Callable[..., Any]:
     model, optimizer, weights = recipe.model, recipe.optimizer, recipe.model.trainable_variables
     state = guard.optimizer_state(optimizer)
+    dtype = stats_dtype(weights)
 
     @tf.function(input_signature=signature, reduce_retracing=True, jit_compile=jit_compile)
     def step(inputs: dict[str, tf.Tensor], targets: tf.Tensor) -> tf.Tensor:
@@ -64,13 +65,15 @@ def _make_step(
         )
         transformed = done.gradients if recipe.gradient_transform is not None else None
         before = guard.before_update(
-            done.out, inputs, done.loss, done.raw, transformed, exact=jit_compile
+            done.out, inputs, done.loss, done.raw, transformed, exact=jit_compile, dtype=dtype
         )
         if guarded:
             guard.guarded(before.healthy, lambda: apply_update(optimizer, done.gradients, weights))
         else:
             apply_update(optimizer, done.gradients, weights)
-        weights_ok, max_abs_weight = guard.after_update(weights, state, exact=jit_compile)
+        weights_ok, max_abs_weight = guard.after_update(
+            weights, state, exact=jit_compile, dtype=dtype
+        )
         return guard.report(before, weights_ok, max_abs_weight)
 
     return step
