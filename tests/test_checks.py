@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from stability.core.tolerance import MAX_TOLERANCE, normalization_tolerance
+from stability.core.tolerance import MAX_TOLERANCE, normalization_tolerance, sum_tolerance
 from stability.model.softmax import naive_segment_softmax, stable_segment_softmax
 from stability.train.checks import attention_ok, attention_sums, finite_given, normalization_site
 
@@ -92,3 +92,14 @@ def test_the_in_degree_is_counted_exactly_past_float16s_integers():
     )
     assert counts.numpy()[0, 0] == degree
     assert abs(float(sums.numpy()[0, 0]) - 1.0) < normalization_tolerance("float16", degree)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32", "float64"])
+def test_a_softmax_that_passes_conformance_is_never_flagged_in_training(dtype):
+    """The conformance suite's sum tolerance is at most the step guard's at every in-degree,
+    so the suite and training cannot disagree in that direction."""
+    degrees = np.concatenate([np.arange(0, 300), np.geomspace(300, 1e7, 50)])
+    conformance = sum_tolerance(dtype, degrees)
+    training = normalization_tolerance(dtype, degrees)
+    assert (conformance <= training).all()
+    assert (training <= MAX_TOLERANCE).all() and training[1] > 0

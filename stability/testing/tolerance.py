@@ -6,7 +6,7 @@ segment, because a sum of ``n`` terms may round ``n`` times. ``ulps`` is the bas
 ``DEFAULT_ULPS`` unless a caller passes another:
 
 - a value is within ``(ulps + n) * eps`` of the reference;
-- a segment sums to 1 within ``(ulps + 2n) * eps``;
+- a segment sums to 1 within ``(ulps + 2n) * eps`` (at most ``MAX_TOLERANCE``, 0.5);
 - a gradient is within ``2 * (ulps + 2n) * eps`` of the reference.
 """
 
@@ -14,8 +14,11 @@ from __future__ import annotations
 
 import numpy as np
 
-#: The tolerance's base, in ULPs of 1.0.
-DEFAULT_ULPS = 8
+from stability.core.tolerance import BASE_ULPS, CONFORMANCE_FACTOR
+from stability.core.tolerance import sum_tolerance as core_sum_tolerance
+
+#: The tolerance's base, in ULPs of 1.0 (the step guard's too: ``stability.core.tolerance``).
+DEFAULT_ULPS = BASE_ULPS
 
 
 def _eps(dtype: np.dtype | str | type) -> float:
@@ -29,13 +32,15 @@ def value_tolerance(dtype: np.dtype | str | type, n: np.ndarray, ulps: int) -> n
 
 
 def sum_tolerance(dtype: np.dtype | str | type, n: np.ndarray, ulps: int) -> np.ndarray:
-    """``(ulps + 2n) * eps``: how far a segment of ``n`` edges may sum from 1."""
-    return (ulps + 2 * np.asarray(n)) * _eps(dtype)
+    """``(ulps + 2n) * eps``, capped at ``MAX_TOLERANCE``: how far a segment of ``n`` edges
+    may sum from 1 (``stability.core.tolerance.sum_tolerance``, the rule the step guard's
+    looser tolerance shares)."""
+    return core_sum_tolerance(np.dtype(dtype), np.asarray(n), ulps, CONFORMANCE_FACTOR)
 
 
 def gradient_tolerance(dtype: np.dtype | str | type, n: np.ndarray, ulps: int) -> np.ndarray:
     """``2 * (ulps + 2n) * eps``: how far a gradient entry may be from the reference."""
-    return 2 * sum_tolerance(dtype, n, ulps)
+    return 2 * (ulps + 2 * np.asarray(n)) * _eps(dtype)
 
 
 def tolerance_text(ulps: int) -> str:
