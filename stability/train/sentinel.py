@@ -25,6 +25,7 @@ execution update nothing) and under ``jit_compile`` (``True`` or ``"auto"``).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import keras
@@ -38,6 +39,7 @@ from stability.train.checks import nonfinite_weight_site, normalization_site
 from stability.train.diagnosis import failure_of
 from stability.train.forward import completed, forward, stats_dtype
 from stability.train.guard import REPORT_SIZE, StepReport
+from stability.train.guarded_optimizer import GuardedOptimizer
 from stability.train.keras_private import COMPUTE_LOSS_ARGS
 from stability.train.replay import replay_step
 from stability.train.site import NanSite
@@ -55,9 +57,10 @@ class NanSentinelError(RuntimeError):
 class NanSentinel(keras.callbacks.Callback):
     """Stops ``fit`` at the first numerical failure and names its source.
 
-    While ``fit`` traces its step, the sentinel wraps the optimizer's ``apply_gradients``
-    (the one call every Keras ``train_step`` makes with the step's raw gradients), where it
-    runs the step guard and applies the update only if every check before it passed, so the
+    For the length of ``fit`` the sentinel puts the model's optimizer behind a
+    ``GuardedOptimizer`` (the wrapper pattern of Keras' ``LossScaleOptimizer``), whose
+    ``apply`` every Keras ``train_step`` calls with the step's raw gradients: there it runs
+    the step guard and applies the update only if every check before it passed, so the
     weights from before the failing step survive for the replay. It reads the step's loss,
     predictions and batch through the model's ``compute_loss``, and its attention through
     ``forward`` where the model has one. It restores all of them when training ends, so one
@@ -91,6 +94,7 @@ class NanSentinel(keras.callbacks.Callback):
         self._captured: dict[str, Any] = {}
         self._epoch = 0
         self._restore: list[tuple[Any, str, Any]] = []
+        self._optimizer: keras.optimizers.Optimizer | None = None
 
     # --- wiring ---------------------------------------------------------------------------
 
@@ -111,7 +115,9 @@ class NanSentinel(keras.callbacks.Callback):
             self._patch(model, "forward", self._capturing(model.forward))
         self._patch(model, "compute_loss", self._capturing_loss(model.compute_loss))
         if getattr(model, "optimizer", None) is not None:  # compiled: fit can train it
-            self._patch(model.optimizer, "apply_gradients", self._guarded(model))
+            self._optimizer = model.optimizer
+            wrapped = GuardedOptimizer(self._optimizer, self._guard_step(model, self._optimizer))
+            self._patch(model, "optimizer", wrapped)
             # fit() builds its train function only if none is cached: build it afresh, so
             # the step that gets traced is the one whose calls are wrapped.
             model.make_train_function(force=True)
@@ -162,13 +168,12 @@ class NanSentinel(keras.callbacks.Callback):
 
         return captured_compute_loss
 
-    def _guarded(self, model: keras.Model) -> Any:
-        """The optimizer's ``apply_gradients``, behind the step guard."""
-        optimizer = model.optimizer
-        apply_gradients = optimizer.apply_gradients
+    def _guard_step(
+        self, model: keras.Model, optimizer: keras.optimizers.Optimizer
+    ) -> Callable[[list, list | None, Callable[[], Any]], None]:
+        """The step guard ``GuardedOptimizer`` runs around ``optimizer``'s update."""
 
-        def guarded_apply_gradients(grads_and_vars: Any, *args: Any, **kwargs: Any) -> Any:
-            grads_and_vars = list(grads_and_vars)
+        def guard_step(grads: list, variables: list | None, update: Callable[[], Any]) -> None:
             dtype = stats_dtype(model.trainable_variables)
             captured, self._captured = self._captured, {}
             loss = captured.pop("_loss", None)
@@ -179,18 +184,15 @@ class NanSentinel(keras.callbacks.Callback):
                 completed(captured),
                 x,
                 tf.constant(0.0) if loss is None else loss,
-                [g for g, _ in grads_and_vars],
+                grads,
                 exact=self._exact,
                 dtype=dtype,
             )
             # Skip a failing update, and every update after it in the same execution: the
             # weights from before the failing step are what the replay needs.
-            guard.guarded(
-                before.healthy & (self._failed_step < 0),
-                lambda: apply_gradients(grads_and_vars, *args, **kwargs),
-            )
+            guard.guarded(before.healthy & (self._failed_step < 0), update)
             weights_ok, max_abs_weight = guard.after_update(
-                model.trainable_variables,
+                model.trainable_variables if variables is None else variables,
                 guard.optimizer_state(optimizer),
                 exact=self._exact,
                 dtype=dtype,
@@ -200,7 +202,7 @@ class NanSentinel(keras.callbacks.Callback):
             first = (self._failed_step < 0) & ~tf.reduce_all(vector[: len(guard.CHECKS)] > 0.5)
             tf.cond(first, lambda: self._mark(vector), tf.no_op)
 
-        return guarded_apply_gradients
+        return guard_step
 
     def _mark(self, vector: tf.Tensor) -> tf.Operation:
         self._failed_step.assign(self._steps)
@@ -283,7 +285,7 @@ class NanSentinel(keras.callbacks.Callback):
         stage = guard.stage_of(check)
         model = self.model
         if check == "weights":
-            return nonfinite_state_site(model.trainable_variables, model.optimizer)
+            return nonfinite_state_site(model.trainable_variables, self._optimizer)
         if not self._keeps_batch:
             return NanSite(stage, None, XLA_NOT_REPLAYED)
         if not self.replay or self._stash is None:
