@@ -10,13 +10,13 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field, fields
 
-from stability.core.failures import Failure
+from stability.core.failures import Failure, Kind
 from stability.core.limits import exp_limits
 
 #: How ``summary_line`` words a failure that is not a plain non-finite value.
 _OUTCOMES = {
-    "normalization": "attention weights not summing to 1",
-    "masked_gradient": "non-finite gradient masked by the transform",
+    Kind.NORMALIZATION.value: "attention weights not summing to 1",
+    Kind.MASKED_GRADIENT.value: "non-finite gradient masked by the transform",
 }
 
 
@@ -113,7 +113,7 @@ class RunResult:
             outcome = f"not trained, non-finite input ({self.first_nan_layer})"
         else:
             outcome = f"NaN at epoch {self.first_nan_epoch}" if self.hit_nan else "finite"
-            if self.hit_nan and self.failure_cause and self.failure_kind == "nonfinite":
+            if self.hit_nan and self.failure_cause and self.failure_kind == Kind.NONFINITE:
                 outcome += f" ({self.failure_cause})"
             if self.failure_kind in _OUTCOMES:
                 outcome = f"{_OUTCOMES[self.failure_kind]} at epoch {self.first_nan_epoch}"

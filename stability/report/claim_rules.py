@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from stability.core.failures import Cause
 from stability.core.limits import exp_limits
 from stability.report.claim_stats import SeedReading, Stats, SweepReading
 from stability.report.claim_stats import number as _number
@@ -23,8 +24,10 @@ from stability.report.claim_stats import number as _number
 #: The seed's "after about 30 epochs" (C1b).
 STATED_EPOCHS = 30
 
-#: The failure causes of a forward failure (``stability.train.cause``).
-FORWARD_CAUSES = ("forward overflow", "forward underflow (0/0)", "forward")
+#: The failure causes of a forward failure (``stability.core.failures.Cause``).
+FORWARD_CAUSES = tuple(
+    c.value for c in (Cause.FORWARD_OVERFLOW, Cause.FORWARD_UNDERFLOW, Cause.FORWARD)
+)
 
 
 @dataclass(frozen=True)
@@ -143,9 +146,9 @@ def timing_phrase(s: Stats, reference: Stats, rules: Rules, name: str = "raw_e")
 def mechanism(raw: Stats) -> str | None:
     """ "overflow", "underflow" or None (another cause, or a mix), by the C11b rule."""
     if raw.causes:
-        if raw.causes == ("forward overflow",):
+        if raw.causes == (Cause.FORWARD_OVERFLOW.value,):
             return "overflow"
-        if raw.causes == ("forward underflow (0/0)",):
+        if raw.causes == (Cause.FORWARD_UNDERFLOW.value,):
             return "underflow"
         return None
     if not raw.ops or raw.wheres != ("forward",):

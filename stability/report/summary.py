@@ -14,6 +14,8 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from stability.core.failures import Kind
+
 #: A setting of a case: one variant at one learning rate and batch size.
 SETTING_KEYS = ("learning_rate", "batch_size", "variant")
 
@@ -85,7 +87,7 @@ class Setting:
         for where, kind in zip(failed["first_nan_where"], kinds, strict=True):
             if pd.isna(where):
                 continue
-            special = isinstance(kind, str) and kind not in ("nonfinite", "input")
+            special = isinstance(kind, str) and kind not in (Kind.NONFINITE, Kind.INPUT)
             labels.add(f"{where} ({kind.replace('_', ' ')})" if special else where)
         return tuple(sorted(labels))
 

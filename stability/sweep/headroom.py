@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
+from stability.core.failures import Cause
 from stability.core.limits import exp_limits
 from stability.core.results import EpochRecord, RunResult
 from stability.data.graphs import Graph, batch_graphs
@@ -44,13 +45,13 @@ LIMITS = ("exp underflow", "exp overflow", "gradient square", "logit", "loss exp
 #: The limits a model's forward pass shows (the history holds the others' values too).
 FORWARD_LIMITS = ("exp underflow", "exp overflow", "logit", "loss exp")
 
-#: The limit each failure cause means the run crossed (``stability.train.cause.CAUSES``).
+#: The limit each failure cause means the run crossed (``stability.core.failures.Cause``).
 LIMIT_OF_CAUSE = {
-    "forward underflow (0/0)": "exp underflow",
-    "forward overflow": "exp overflow",
-    "gradient explosion": "gradient square",
-    "optimizer": "gradient square",
-    "loss": "loss exp",
+    Cause.FORWARD_UNDERFLOW.value: "exp underflow",
+    Cause.FORWARD_OVERFLOW.value: "exp overflow",
+    Cause.GRADIENT_EXPLOSION.value: "gradient square",
+    Cause.OPTIMIZER.value: "gradient square",
+    Cause.LOSS.value: "loss exp",
 }
 
 
