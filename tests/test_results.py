@@ -36,8 +36,15 @@ def test_history_columns_are_the_committed_reports():
     ("row_type", "columns"), [(RunResult, RESULT_FIELDS), (EpochRecord, HISTORY_FIELDS)]
 )
 def test_every_field_is_a_column(row_type, columns):
-    missing = {f.name for f in fields(row_type)} - {"history"} - set(columns)
+    kept = {f.name for f in fields(row_type) if f.metadata.get("column", True)}
+    missing = kept - set(columns)
     assert not missing, f"{row_type.__name__} fields missing from the CSV columns: {missing}"
+
+
+def test_the_history_and_the_failure_record_are_not_columns():
+    names = {f.name for f in fields(RunResult) if not f.metadata.get("column", True)}
+    assert names == {"history", "failure"}
+    assert not names & set(RESULT_FIELDS)
 
 
 def test_a_row_and_a_history_row_have_exactly_the_columns():
