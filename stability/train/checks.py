@@ -101,6 +101,20 @@ def attention_ok(
     return checks[0] if len(checks) == 1 else tf.reduce_all(tf.stack(checks))
 
 
+def finite_max(largest: tf.Tensor, tensors: Sequence[tf.Tensor], exact: bool = False) -> tf.Tensor:
+    """Scalar bool: every element of ``tensors`` is finite, read off ``largest``, their max
+    |x| (which the step computes anyway for its statistics).
+
+    A max cannot overflow, and TensorFlow's max reduction propagates NaN and inf without XLA
+    (``tests/test_checks.py`` checks it), so the one ``is_finite`` is exact. Under XLA a max
+    drops NaN, so a step compiled with XLA passes ``exact=True`` (XLA fuses the exact check
+    into one kernel anyway).
+    """
+    if exact:
+        return all_finite(tensors)
+    return tf.math.is_finite(largest)
+
+
 def finite_given(
     summary: tf.Tensor, tensors: Sequence[tf.Tensor], exact: bool = False
 ) -> tf.Tensor:

@@ -29,7 +29,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from stability.train.checks import all_finite, finite_given
+from stability.train.checks import all_finite, finite_given, finite_max
 from stability.train.forward import logit_stats, max_abs, normalized, watched_tensors
 
 #: The checks of a step, in causal order and in the order of ``StepReport.flags``.
@@ -107,7 +107,8 @@ def before_update(
         norm = unoverflowed_norm(norm, gradients)
     else:
         norm, transform_ok = None, None
-    raw_ok = finite_given(raw_norm, raw)
+    raw_max = max_abs(raw, dtype)
+    raw_ok = finite_max(raw_max, raw, exact=exact) if raw else tf.constant(True)
     raw_norm = unoverflowed_norm(raw_norm, raw)
     attention = normalized(out, inputs)
     logits = logit_stats(out, inputs, dtype)
@@ -126,7 +127,7 @@ def before_update(
         logits,
         tf.cast(raw_norm if norm is None else norm, dtype),
         tf.cast(raw_norm, dtype),
-        max_abs(raw, dtype),
+        raw_max,
     )
 
 
@@ -161,7 +162,7 @@ def forward_finite(
     predictions = watched_tensors({**out, "alpha": [], "logits": []})
     ok = all_finite([*predictions, *alphas[checked:]])
     # Under XLA (``exact``) a max drops NaN: the logits are then checked one by one.
-    ok &= finite_given(max_abs_logit, out["logits"], exact=exact)
+    ok &= finite_max(max_abs_logit, out["logits"], exact=exact) if out["logits"] else True
     if checked:
         ok &= tf.cond(attention, lambda: tf.constant(True), lambda: all_finite(alphas[:checked]))
     return ok
@@ -192,9 +193,9 @@ def after_update(
     """Scalar bool, the weights and the optimizer's ``state`` (``optimizer_state``) are
     finite after the update, and the max |weight| (in ``dtype``)."""
     max_abs_weight = max_abs(list(weights), dtype)
-    ok = finite_given(max_abs_weight, weights, exact=exact)
+    ok = finite_max(max_abs_weight, weights, exact=exact) if weights else tf.constant(True)
     if state:
-        ok &= finite_given(max_abs(list(state), dtype), state, exact=exact)
+        ok &= finite_max(max_abs(list(state), dtype), state, exact=exact)
     return ok, max_abs_weight
 
 
