@@ -69,6 +69,14 @@ RUN = ["run", "c.toml", "--out", "out", "--no-progress"]
 
 # (files to create, command, the exact stderr line); {tmp} is the test's folder.
 TABLE = [
+    # flags
+    pytest.param(
+        {},
+        ["claims", "--no-run", "--out", "no-such-claims-folder"],
+        "--out no-such-claims-folder: no such folder; --no-run judges the claim cases' CSVs "
+        "already there (seed.csv, batch_size.csv, learning_rate.csv)",
+        id="claims-no-run-missing-folder",
+    ),
     # data
     pytest.param(
         {"c.toml": case_on("nan_edges")},

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 from stability.commands.flags import add_run_flags
 from stability.commands.run import run_cases
+from stability.core.errors import StabilityError
 
 if TYPE_CHECKING:
     from stability.sweep.cases import Case
@@ -57,6 +58,11 @@ def claims_command(args: argparse.Namespace) -> int:
         cases = [_smoke(case) for case in cases]
     if not args.no_run:
         run_cases(cases, args)
+    elif not args.out.is_dir():
+        raise StabilityError(
+            f"--out {args.out}: no such folder; --no-run judges the claim cases' CSVs already "
+            "there (seed.csv, batch_size.csv, learning_rate.csv)"
+        )
     frames = {}
     for case in cases:
         path = args.out / f"{case.name}.csv"
