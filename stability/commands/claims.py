@@ -53,16 +53,16 @@ def claims_command(args: argparse.Namespace) -> int:
     from stability.sweep.cases import load_case
     from stability.sweep.runner import case_datasets
 
+    if args.no_run and not args.out.is_dir():
+        raise StabilityError(
+            f"--out {args.out}: no such folder; --no-run judges the claim cases' CSVs already "
+            "there (seed.csv, batch_size.csv, learning_rate.csv)"
+        )
     cases = [load_case(args.cases / f"{name}.toml", args.overrides) for name in CLAIM_CASES]
     if args.smoke:
         cases = [_smoke(case) for case in cases]
     if not args.no_run:
         run_cases(cases, args)
-    elif not args.out.is_dir():
-        raise StabilityError(
-            f"--out {args.out}: no such folder; --no-run judges the claim cases' CSVs already "
-            "there (seed.csv, batch_size.csv, learning_rate.csv)"
-        )
     frames = {}
     for case in cases:
         path = args.out / f"{case.name}.csv"
