@@ -4,8 +4,8 @@ A failure is found in training (``stability.train.diagnosis``, ``NanSentinel``) 
 there as a ``Failure``: its stage, kind and cause (enums whose values are the strings the
 CSV holds), where it happened (layer, op, the optimizer slot and weight of an update
 failure) and the failing step's gradient figures. ``Failure.columns`` renders it into the
-result row's columns; ``Failure.read`` reads a row back, older CSVs included, and is the one
-place a cause is derived from a row.
+result row's columns; ``read_cause`` reads a row's cause back, older CSVs included, and is
+the one place a cause is derived from a row.
 
 A row without a ``failure_cause`` column (an older CSV) is read from the columns it has:
 ``failure_kind`` names the silent failures (attention weights not summing to 1, a non-finite
@@ -134,42 +134,6 @@ class Failure:
             "failure_max_abs_grad": self.max_abs_grad,
         }
 
-    @property
-    def silent(self) -> bool:
-        """Whether it is a failure without a non-finite value."""
-        return self.cause.value in SILENT_CAUSES
-
-    @classmethod
-    def read(cls, row: Mapping[str, object]) -> Failure | None:
-        """The failure of the run of ``row`` (a result row, a dict or a pandas row), or None
-        for a run without one; an older row's cause is derived (module docstring)."""
-        cause = read_cause(row)
-        if cause is Cause.NONE:
-            return None
-        where = _text(row, "first_nan_where")
-        kind = _text(row, "failure_kind")
-        return cls(
-            stage=Stage(where) if where in _STAGES else Stage.FORWARD,
-            kind=Kind(kind) if kind in KINDS else _kind_of(cause),
-            cause=cause,
-            epoch=_integer(row, "first_nan_epoch"),
-            step=_integer(row, "first_nan_step"),
-            layer=_text(row, "first_nan_layer") or None,
-            op=_text(row, "first_nan_op") or None,
-            grad_norm=_number(row, "failure_grad_norm"),
-            max_abs_grad=_number(row, "failure_max_abs_grad"),
-        )
-
-
-_STAGES = {stage.value for stage in Stage}
-
-
-def _kind_of(cause: Cause) -> Kind:
-    for kind, its_cause in KIND_CAUSE.items():
-        if its_cause is cause:
-            return kind
-    return Kind.NONFINITE
-
 
 def read_cause(row: Mapping[str, object]) -> Cause:
     """The cause of the run of ``row``: its ``failure_cause`` when the row has it, else
@@ -216,13 +180,3 @@ def _text(row: Mapping[str, object], column: str) -> str:
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return ""
     return str(value).strip()
-
-
-def _number(row: Mapping[str, object], column: str) -> float | None:
-    text = _text(row, column)
-    return float(text) if text else None
-
-
-def _integer(row: Mapping[str, object], column: str) -> int | None:
-    text = _text(row, column)
-    return int(float(text)) if text else None

@@ -1,6 +1,6 @@
 """Naming where a step's first non-finite value came from, by replaying that one step.
 
-Healthy steps pay only the fused check in ``sentinel``. When it fires, the trainer (or the
+Healthy steps pay only the step guard (``guard``). When it fires, the trainer (or the
 ``NanSentinel`` callback) still holds the weights from before the failing step and the
 batch, and replays the step once with TensorFlow's own per-op check
 (``tf.debugging.enable_check_numerics``): the first op whose output is NaN or Inf stops

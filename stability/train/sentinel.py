@@ -43,6 +43,7 @@ from stability.train.guarded_optimizer import GuardedOptimizer
 from stability.train.keras_private import COMPUTE_LOSS_ARGS
 from stability.train.replay import replay_step
 from stability.train.site import NanSite
+from stability.train.update_replay import nonfinite_state
 
 #: ``first_nan_op`` under XLA: the batch cannot be kept in a variable (XLA fixes a resource
 #: variable's shape), so there is nothing to replay.
@@ -105,9 +106,9 @@ class NanSentinel(keras.callbacks.Callback):
         with tf.init_scope():
             self._steps = tf.Variable(0, dtype=tf.int64, trainable=False)
             self._failed_step = tf.Variable(-1, dtype=tf.int64, trainable=False)
-            self._failed_report = tf.Variable(
-                tf.ones([REPORT_SIZE], stats_dtype(model.trainable_variables)), trainable=False
-            )
+            # float64 holds any step's report exactly (a float32 one, or a float64 model's),
+            # and the model's weights may not exist yet to say which it will be.
+            self._failed_report = tf.Variable(tf.ones([REPORT_SIZE], tf.float64), trainable=False)
         self._stash, self._structure = None, None
         self._exact = bool(getattr(model, "jit_compile", False))
         self._keeps_batch = not self._exact
@@ -206,7 +207,7 @@ class NanSentinel(keras.callbacks.Callback):
 
     def _mark(self, vector: tf.Tensor) -> tf.Operation:
         self._failed_step.assign(self._steps)
-        self._failed_report.assign(vector)
+        self._failed_report.assign(tf.cast(vector, tf.float64))
         return tf.no_op()
 
     def _keep(self, data: Any) -> tf.Operation:
@@ -317,12 +318,8 @@ def nonfinite_state_site(weights: list, optimizer: keras.optimizers.Optimizer) -
     the weight's layer, or the first non-finite optimizer variable (e.g. Adam's second
     moment, ``velocity``, of a weight whose ``g * g`` overflowed)."""
     site = nonfinite_weight_site(weights, optimizer)
-    if site.layer is not None:
-        return site
-    for variable in guard.optimizer_state(optimizer):
-        if not bool(tf.reduce_all(tf.math.is_finite(variable)).numpy()):
-            return NanSite("weights", None, f"{site.op}: {variable.path} not finite")
-    return site
+    stale = nonfinite_state(optimizer) if site.layer is None else None
+    return site if stale is None else NanSite("weights", None, f"{site.op}: {stale} not finite")
 
 
 def _empty_result() -> dict[str, Any]:

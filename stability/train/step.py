@@ -1,4 +1,4 @@
-"""The compiled training step and validation's forward pass, both watched by the guard."""
+"""The compiled training step and validation's forward pass, both watched by the step guard."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import keras
 import tensorflow as tf
 
 from stability.model.variants import Recipe
-from stability.train import guard
+from stability.train import guard as step_guard
 from stability.train.checks import all_finite
 from stability.train.forward import forward, normalized, stats_dtype, watched_tensors
 from stability.train.tape import differentiate
@@ -45,14 +45,8 @@ def make_train_step(
     ``guard``, a step that fails any check before the update leaves the weights as they
     were, so the last good state survives for inspection.
     """
-    return _make_step(recipe, signature, guard, jit_compile)
-
-
-def _make_step(
-    recipe: Recipe, signature: tuple[Any, Any], guarded: bool, jit_compile: bool
-) -> Callable[..., Any]:
     model, optimizer, weights = recipe.model, recipe.optimizer, recipe.model.trainable_variables
-    state = guard.optimizer_state(optimizer)
+    state = step_guard.optimizer_state(optimizer)
     dtype = stats_dtype(weights)
 
     @tf.function(input_signature=signature, reduce_retracing=True, jit_compile=jit_compile)
@@ -64,17 +58,19 @@ def _make_step(
             recipe.gradient_transform,
         )
         transformed = done.gradients if recipe.gradient_transform is not None else None
-        before = guard.before_update(
+        before = step_guard.before_update(
             done.out, inputs, done.loss, done.raw, transformed, exact=jit_compile, dtype=dtype
         )
-        if guarded:
-            guard.guarded(before.healthy, lambda: apply_update(optimizer, done.gradients, weights))
+        if guard:
+            step_guard.guarded(
+                before.healthy, lambda: apply_update(optimizer, done.gradients, weights)
+            )
         else:
             apply_update(optimizer, done.gradients, weights)
-        weights_ok, max_abs_weight = guard.after_update(
+        weights_ok, max_abs_weight = step_guard.after_update(
             weights, state, exact=jit_compile, dtype=dtype
         )
-        return guard.report(before, weights_ok, max_abs_weight)
+        return step_guard.report(before, weights_ok, max_abs_weight)
 
     return step
 

@@ -67,7 +67,7 @@ def replay_update(
         with one_off_traces():
             raw, final = tf.function(gradients, jit_compile=False)(inputs)
         restore(state, saved)
-        stale = _nonfinite_state(optimizer)
+        stale = nonfinite_state(optimizer)
         if stale is not None:  # e.g. a NaN learning rate: no op of this update made it
             largest = _max_abs_value(raw)
             text = f"{type(optimizer).__name__} update: {stale} was not finite before the step"
@@ -112,7 +112,7 @@ def replay_update(
     )
 
 
-def _nonfinite_state(optimizer: Any) -> str | None:
+def nonfinite_state(optimizer: Any) -> str | None:
     """The path of the first optimizer variable holding a non-finite value, or None."""
     for variable in optimizer.variables:
         value = variable.numpy()
