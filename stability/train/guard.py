@@ -109,7 +109,7 @@ def before_update(
         norm, transform_ok = None, None
     raw_max = max_abs(raw, dtype)
     raw_ok = finite_max(raw_max, raw, exact=exact) if raw else tf.constant(True)
-    raw_norm = unoverflowed_norm(raw_norm, raw)
+    raw_norm = unoverflowed_norm(raw_norm, raw, raw_max)
     attention = normalized(out, inputs)
     logits = logit_stats(out, inputs, dtype)
     flags = tf.stack(
@@ -131,16 +131,26 @@ def before_update(
     )
 
 
-def unoverflowed_norm(norm: tf.Tensor, tensors: Sequence[tf.Tensor]) -> tf.Tensor:
+def unoverflowed_norm(
+    norm: tf.Tensor, tensors: Sequence[tf.Tensor], largest: tf.Tensor | None = None
+) -> tf.Tensor:
     """``norm`` (the global norm of ``tensors``), or, where its sum of squares overflowed
     while every element is finite, the norm rescaled by the largest |x|: gradients of 1e20
     are finite, the float32 sum of their squares is not (sqrt(max) is 1.84e19). The healthy
-    path pays one ``is_finite``; a non-finite element keeps the norm non-finite."""
+    path pays one ``is_finite``; a non-finite element keeps the norm non-finite.
+
+    ``largest`` is their max |x| where the step has it already (``max_abs``; a max is exact
+    whatever its grouping, so the value is the same): the branch not taken then holds only
+    the rescaled norm, and a lowered ``tf.cond`` still walks every op of that branch.
+    """
 
     def rescaled() -> tf.Tensor:
-        largest = tf.reduce_max([tf.reduce_max(tf.abs(t)) for t in tensors])
-        safe = tf.math.is_finite(largest) & (largest > 0)
-        scale = tf.where(safe, largest, tf.ones_like(largest))
+        top = largest
+        if top is None:
+            top = tf.reduce_max([tf.reduce_max(tf.abs(t)) for t in tensors])
+        top = tf.cast(top, tensors[0].dtype)
+        safe = tf.math.is_finite(top) & (top > 0)
+        scale = tf.where(safe, top, tf.ones_like(top))
         return tf.where(safe, scale * tf.linalg.global_norm([t / scale for t in tensors]), norm)
 
     if not tensors:
@@ -155,8 +165,10 @@ def forward_finite(
 
     Cheap on a healthy step: the logits are read off their max |logit| (``finite_given``),
     and attention weights that sum to 1 at every node are finite (a NaN or inf weight
-    makes its node's sum NaN or inf), so they are checked one by one only when the
-    normalization check failed, or when the model returns no receivers for them.
+    makes its node's sum NaN or inf), so ``attention`` vouches for them; they are read one
+    by one only for the answer where it fails, or where the model returns no receivers for
+    them. ``attention | all_finite(...)`` rather than a ``tf.cond``: the check is two small
+    ops, fewer than the switch and merge a lowered ``tf.cond`` adds.
     """
     alphas, checked = out["alpha"], len(out["receivers"])
     predictions = watched_tensors({**out, "alpha": [], "logits": []})
@@ -164,7 +176,7 @@ def forward_finite(
     # Under XLA (``exact``) a max drops NaN: the logits are then checked one by one.
     ok &= finite_max(max_abs_logit, out["logits"], exact=exact) if out["logits"] else True
     if checked:
-        ok &= tf.cond(attention, lambda: tf.constant(True), lambda: all_finite(alphas[:checked]))
+        ok &= attention | all_finite(alphas[:checked])
     return ok
 
 
