@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from stability.commands.claims import add_claims_parser, claims_command
 from stability.commands.conformance import add_conformance_parser, conformance_command
 from stability.commands.flags import add_plugin_flag, add_set_flag, positive_int
+from stability.commands.hunt import add_hunt_parser, hunt_command
 from stability.commands.listing import (
     add_list_parser,
     add_report_parser,
@@ -26,7 +27,6 @@ from stability.commands.map import add_map_parser, map_command
 from stability.commands.run import add_run_parser, run_command
 from stability.commands.spread import add_spread_parser, spread_command
 from stability.core.errors import StabilityError
-from stability.hunt_command import add_hunt_parser, hunt_command
 from stability.report.compare import add_compare_parser, compare_command
 
 EXIT_BAD_INPUT = 2

@@ -141,7 +141,13 @@ class RunResult:
 #: record (whose columns are fields of their own). Every writer renders from this tuple.
 RESULT_FIELDS = tuple(f.name for f in fields(RunResult) if f.metadata.get("column", True))
 
-#: The columns that say whether, when and where a run's first NaN happened.
+#: The columns that say when and where a run's first failure happened.
+FIRST_NAN_FIELDS = RESULT_FIELDS[
+    RESULT_FIELDS.index("first_nan_epoch") : RESULT_FIELDS.index("first_nan_op") + 1
+]
+
+#: The columns that say whether, when and where a run's first NaN happened: the first
+#: failure's, then the epoch the loss itself went non-finite.
 NAN_FIELDS = RESULT_FIELDS[
     RESULT_FIELDS.index("first_nan_epoch") : RESULT_FIELDS.index("loss_nan_epoch") + 1
 ]

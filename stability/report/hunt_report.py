@@ -13,7 +13,7 @@ from pathlib import Path
 import pandas as pd
 
 from stability.core.files import atomic_write_text
-from stability.core.results import RunResult
+from stability.core.results import FIRST_NAN_FIELDS, RunResult
 from stability.sweep.found_case import found_name
 from stability.sweep.hunt import Hunt, Training
 
@@ -23,11 +23,7 @@ HUNT_FIELDS = (
     "strategy",
     "move",
     "failed",
-    "first_nan_epoch",
-    "first_nan_step",
-    "first_nan_where",
-    "first_nan_layer",
-    "first_nan_op",
+    *FIRST_NAN_FIELDS,
     "failure_cause",
     "limit",
     "margin",
