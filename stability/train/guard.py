@@ -163,12 +163,12 @@ def forward_finite(
 ) -> tf.Tensor:
     """Scalar bool: predictions, attention weights and logits are all finite.
 
-    Cheap on a healthy step: the logits are read off their max |logit| (``finite_given``),
-    and attention weights that sum to 1 at every node are finite (a NaN or inf weight
-    makes its node's sum NaN or inf), so ``attention`` vouches for them; they are read one
-    by one only for the answer where it fails, or where the model returns no receivers for
-    them. ``attention | all_finite(...)`` rather than a ``tf.cond``: the check is two small
-    ops, fewer than the switch and merge a lowered ``tf.cond`` adds.
+    The logits are read off their max |logit| (``finite_given``). Attention weights that
+    sum to 1 at every node are finite (a NaN or inf weight makes its node's sum NaN or
+    inf), so ``attention`` vouches for them, and their own ``is_finite`` decides only where
+    it fails. That check runs on every step, as ``attention | all_finite(...)``: two small
+    ops, fewer than the switches and merge a lowered ``tf.cond`` around it would add.
+    Weights the model returns no receivers for are always checked one by one.
     """
     alphas, checked = out["alpha"], len(out["receivers"])
     predictions = watched_tensors({**out, "alpha": [], "logits": []})
