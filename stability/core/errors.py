@@ -25,5 +25,9 @@ class NameNotFound(StabilityError):
         self.kind, self.name, self.known = kind, name, known
 
 
+class ModelError(StabilityError):
+    """A variant's model that cannot train on the case's data (``stability.train.probe``)."""
+
+
 class DataError(StabilityError):
     """Graph data that is malformed before any training happens."""

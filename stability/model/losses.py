@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 import math
+from typing import Any
 
 import tensorflow as tf
 
@@ -26,3 +28,12 @@ def robust_loss(
     y_true = tf.cast(y_true, y_pred.dtype)
     per_graph = math.sqrt(2.0) * tf.abs(mean - y_true) * tf.exp(-log_sigma) + log_sigma
     return tf.reduce_mean(per_graph)
+
+
+def prediction_need(loss: Any) -> tuple[int, str] | None:
+    """(width, what the columns are) of the predictions ``[num_graphs, width]`` a built-in
+    loss needs (``functools.partial`` of it included); None for a loss of the user's own,
+    which is then only called on the probe's batch (``stability.train.probe``)."""
+    while isinstance(loss, functools.partial):
+        loss = loss.func
+    return (2, "mean and log sigma") if loss is robust_loss else None

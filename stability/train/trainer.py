@@ -7,6 +7,7 @@ of a failure (``diagnosis``) and the run's figures (``run_summary``).
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import time
 from collections.abc import Callable, Iterator
@@ -34,6 +35,7 @@ from stability.train.config import (
 from stability.train.diagnosis import Diagnosis, EpochStart, Rewind
 from stability.train.forward import forward
 from stability.train.guard import StepReport
+from stability.train.probe import probe
 from stability.train.run_summary import WARNING_MARGIN, finish, headroom_warning, summarize_epoch
 from stability.train.step import input_signature, make_predict, make_train_step
 from stability.train.threads import LAYOUT, current, layout_name, require
@@ -86,7 +88,10 @@ class Trainer:
             edge_std=self.dataset.edge_std,
             dtype=self.config.dtype,
         )
-        recipe = self.variant.build(ctx)
+        with dtype_policy(self.config.dtype):  # a user's layers without dtype= follow the run's
+            recipe = self.variant.build(ctx)
+            # Built from the data's shapes and checked before the step reads its weights.
+            probe(recipe, self.dataset, self.config.dtype)
         # Adam's slots exist before the first compiled step, so tracing never creates them.
         recipe.optimizer.build(recipe.model.trainable_variables)
         self.recipe = recipe
@@ -175,6 +180,19 @@ class Trainer:
         data = self.dataset
         with np.errstate(all="ignore"):
             return float(np.mean(np.abs(mean * data.target_std + data.target_mean - batch.targets)))
+
+
+@contextlib.contextmanager
+def dtype_policy(name: str) -> Iterator[None]:
+    """Keras' global dtype policy set to ``name`` inside the block, and restored after it:
+    a user's model that leaves its layers' dtype to Keras is built in the run's dtype (the
+    built-in model passes ``dtype=ctx.dtype`` to every layer, so it is the same either way)."""
+    before = keras.config.dtype_policy()
+    keras.config.set_dtype_policy(name)
+    try:
+        yield
+    finally:
+        keras.config.set_dtype_policy(before)
 
 
 def input_nan_result(variant: str, data: Dataset, cfg: TrainConfig) -> RunResult:
