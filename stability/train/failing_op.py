@@ -26,11 +26,19 @@ LOSS_SCOPE = "stability_loss"
 _GRADIENT_WALK_DEPTH = 4
 
 
-def site_from_error(message: str, known_layers: set[str], graph: tf.Graph | None = None) -> NanSite:
+def site_from_error(
+    message: str,
+    known_layers: set[str],
+    graph: tf.Graph | None = None,
+    model_name: str | None = None,
+) -> NanSite:
     """Read a ``check_numerics`` error: the failing node's scope and op type.
 
     A gradient op (scope ``gradient_tape/...``) is named by the forward op whose gradient it
     computes when ``graph`` (the replay's graph) is given: ``Sqrt (Sqrt) gradient: SqrtGrad``.
+    The layer is the path of ``known_layers`` in the op's scope; an op in the model's own
+    ``call`` (scope ``model_name``, entered when the model is called as ``model(inputs)``)
+    is named by the model's name, once.
     """
     node_name = failing_node(message, graph)
     op_type = error_op_type(message)
@@ -43,8 +51,7 @@ def site_from_error(message: str, known_layers: set[str], graph: tf.Graph | None
         where, scope = "gradient", scope[1:]
     elif LOSS_SCOPE in (strip_uniquifier(part, {LOSS_SCOPE}) for part in scope):
         where = "loss"
-    layers = [strip_uniquifier(part, known_layers) for part in scope[:-1]]
-    layers = [part for part in layers if part in known_layers]
+    layers = layer_path(scope[:-1], known_layers, model_name if where != "loss" else None)
     op_text = f"{op_type} ({scope[-1]})" if op_type and scope else op_type
     if in_tape and graph is not None:
         forward_op = forward_op_of(graph, node_name)
@@ -53,7 +60,20 @@ def site_from_error(message: str, known_layers: set[str], graph: tf.Graph | None
                 f"{forward_op.type} ({forward_op.name.rsplit('/', 1)[-1]}) gradient: "
                 f"{op_type or '?'}"
             )
-    return NanSite(where=where, layer="/".join(layers) or None, op=op_text)
+    return NanSite(where=where, layer=layers, op=op_text)
+
+
+def layer_path(scopes: list[str], known_layers: set[str], model_name: str | None) -> str | None:
+    """``message_passing_0/net`` from an op's enclosing scopes: the known layers among them,
+    with TensorFlow's uniquifying suffixes taken off. The model's own scope is left out of
+    the path (every op of the model is inside it), and names the layer only when no other
+    layer does: the op ran in the model's own ``call``."""
+    model = {model_name} if model_name else set()
+    parts = [strip_uniquifier(part, known_layers | model) for part in scopes]
+    if parts and parts[0] in model:  # the model's call scope, around everything it runs
+        inner = [part for part in parts[1:] if part in known_layers]
+        return "/".join(inner) or parts[0]
+    return "/".join(part for part in parts if part in known_layers) or None
 
 
 def failing_node(message: str, graph: tf.Graph | None = None) -> str | None:
@@ -107,8 +127,23 @@ def forward_op_of(graph: tf.Graph, gradient_node: str) -> tf.Operation | None:
                     seen.add(producer.name)
                     following.append(producer)
         frontier = following
-    if not weights:
-        return None
+    best = _best_in_scope(graph, forward_scope, weights) if weights else None
+    if best is None and forward_scope:
+        # An op that opens a name scope of its own takes the scope's name (tf.matmul: op
+        # ``dense/MatMul``), and the tape then puts its gradient ops inside that scope
+        # (``gradient_tape/dense/MatMul/MatMul_1``): the scope is the forward op.
+        try:
+            best = graph.get_operation_by_name(forward_scope)
+        except (KeyError, ValueError):
+            best = None
+    return best
+
+
+def _best_in_scope(
+    graph: tf.Graph, forward_scope: str, weights: dict[str, float]
+) -> tf.Operation | None:
+    """The forward op of ``forward_scope`` whose inputs and outputs hold most of the forward
+    tensors met (``weights``), or None where no op of the scope touches one."""
     best, best_score = None, (0.0, False)
     for candidate in graph.get_operations():
         name = candidate.name

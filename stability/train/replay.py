@@ -79,14 +79,14 @@ def replay_step(
         )
         return done.loss, done.gradients
 
-    return _checked(step, inputs, layer_names(model), gradient_transform)
+    return _checked(step, inputs, layer_names(model), gradient_transform, model.name)
 
 
 def replay_forward(
     model: keras.Model, predict: Callable[[Any], Any], inputs: Any
 ) -> NanSite | None:
     """Re-run one forward pass (``predict(inputs)``) with every op checked; None if finite."""
-    return _checked(predict, inputs, layer_names(model), None)
+    return _checked(predict, inputs, layer_names(model), None, model.name)
 
 
 def loss_pair(compute_loss: Callable[[Any], tf.Tensor]) -> Callable[[Any], tuple]:
@@ -101,13 +101,17 @@ def loss_pair(compute_loss: Callable[[Any], tf.Tensor]) -> Callable[[Any], tuple
 
 
 def _checked(
-    fn: Callable[[Any], Any], inputs: Any, known_layers: set[str], gradient_transform: Any
+    fn: Callable[[Any], Any],
+    inputs: Any,
+    known_layers: set[str],
+    gradient_transform: Any,
+    model_name: str | None = None,
 ) -> NanSite | None:
     error = first_check_error(fn, inputs)
     if error is None:
         return None
     message, graph = error
-    site = site_from_error(message, known_layers, graph)
+    site = site_from_error(message, known_layers, graph, model_name)
     node = failing_node(message, graph)
     if gradient_transform is not None and node and TRANSFORM_SCOPE in node:
         name = transform_name(gradient_transform)
