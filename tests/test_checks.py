@@ -6,7 +6,14 @@ import tensorflow as tf
 
 from stability.core.tolerance import MAX_TOLERANCE, normalization_tolerance, sum_tolerance
 from stability.model.softmax import naive_segment_softmax, stable_segment_softmax
-from stability.train.checks import attention_ok, attention_sums, finite_given, normalization_site
+from stability.train.checks import (
+    attention_ok,
+    attention_sums,
+    finite_given,
+    finite_max,
+    normalization_site,
+)
+from stability.train.forward import max_abs
 
 
 @pytest.mark.parametrize("jit_compile", [False, True])
@@ -26,6 +33,24 @@ def test_the_reductions_the_checks_read_propagate_nan_and_inf(jit_compile, bad):
     assert not np.isfinite(norm.numpy())
     if not jit_compile:
         assert not np.isfinite(largest.numpy())
+
+
+@pytest.mark.parametrize(
+    ("values", "finite"),
+    [
+        pytest.param([1.0, -3.0], True, id="finite"),
+        pytest.param([1.0, np.nan], False, id="nan"),
+        pytest.param([1.0, np.inf], False, id="inf"),
+        pytest.param([-np.inf], False, id="minus-inf"),
+        pytest.param([], True, id="no-elements"),
+    ],
+)
+def test_a_max_over_no_elements_is_finite(values, finite):
+    """The logits of a batch without edges are empty: their max |logit| is -inf, and the
+    check must not call that a non-finite forward pass (an edgeless graph is data)."""
+    tensors = [tf.constant(values, tf.float32, shape=[len(values), 1])]
+    assert bool(finite_max(max_abs(tensors), tensors).numpy()) is finite
+    assert bool(finite_max(max_abs(tensors), tensors, exact=True).numpy()) is finite
 
 
 def test_an_overflowing_summary_falls_back_to_the_exact_check():

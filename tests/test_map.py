@@ -20,7 +20,15 @@ from stability.sweep.bisection import (
     bisect,
     midpoint,
 )
-from stability.sweep.map import MapRows, boundaries, grid_cells, parse_map, point_keys
+from stability.sweep.map import (
+    MapRows,
+    boundaries,
+    grid_cells,
+    parse_map,
+    point_case,
+    point_keys,
+)
+from stability.sweep.runner import run_configs
 
 # --- the bisection rule, on planted fail(scale) functions (no training) -------------------
 
@@ -278,6 +286,19 @@ def test_outlier_scale_below_max_distance_is_bad(tmp_path, capsys):
     case.write_text(SMOKE.replace("scales = [4, 1000]", "scales = [2, 1000]"), encoding="utf-8")
     assert cli.main(["map", str(case), "--out", str(tmp_path / "out")]) == 2
     assert "dataset.max_distance = 4" in capsys.readouterr().err
+
+
+def test_a_map_cases_epochs_is_every_cells_budget_uncapped():
+    """Logits grow with training, so a map must be able to train long enough to see it:
+    the case's ``epochs``, or ``--set epochs=N`` over it, reaches every cell as it is."""
+    for overrides, budget in (([], 500), (["epochs=300"], 300)):
+        m = parse_map(SMOKE.replace("epochs = 2", "epochs = 500"), overrides=overrides)
+        budgets = {
+            config.epochs
+            for _, distribution, scale in grid_cells(m)
+            for _, config in run_configs(point_case(m, distribution, scale, m.case.variants))
+        }
+        assert budgets == {budget}
 
 
 # --- a smoke map, trained twice ----------------------------------------------------------------

@@ -113,12 +113,6 @@ def nan_molecules():
     return atoms
 
 
-def far_apart():
-    atoms = molecules()
-    atoms[3] = Atoms("H2", positions=[[0, 0, 0], [0, 0, 9.0]], info={"energy_kcal": 1.0})
-    return atoms
-
-
 def missing_target():
     atoms = molecules()
     del atoms[2].info["energy_kcal"]
@@ -129,7 +123,6 @@ def missing_target():
     ("make", "params", "message"),
     [
         (missing_target, {}, "m.extxyz: structure 2 (H3N): has no target 'energy_kcal'"),
-        (far_apart, {}, "m.extxyz: structure 3 (H2): no two atoms are within cutoff 4"),
         (nan_molecules, {}, "m.extxyz: structure 5 (CHN): positions hold NaN or Inf"),
         (molecules, {"index": "1:x"}, "index='1:x' is not valid"),
         (molecules, {"cutoff": -1.0}, "cutoff=-1.0 must be positive"),
@@ -211,3 +204,73 @@ def test_a_planted_nan_is_named_by_the_users_index(tmp_path):
     file = save_graphs(graphs, tmp_path / "g.npz")
     with pytest.raises(DataError, match=r"graph 5: target nan is not finite"):
         load_dataset("npz", path=str(file), seed=3)
+
+
+def with_isolated_atoms():
+    """The molecules, then: two H 9 A apart (no pair within 4 A), three single atoms, and
+    water with a helium atom 6 A away (one isolated atom beside bonded ones)."""
+    atoms = molecules()
+    atoms.append(Atoms("H2", positions=[[0, 0, 0], [0, 0, 9.0]]))
+    atoms.extend(Atoms(symbol, positions=[[0, 0, 0]]) for symbol in ("H", "O", "C"))
+    water = g2["H2O"].copy()
+    water.append("He")
+    water.positions[-1] = water.positions[0] + [0.0, 0.0, 6.0]
+    atoms.append(water)
+    for each in atoms[len(NAMES) :]:
+        each.info["energy_kcal"] = -1.5 * len(each)
+    return atoms
+
+
+def neighbours(atoms, cutoff=4.0):
+    """``[num_atoms, num_atoms]`` bool: which atoms lie within ``cutoff`` of which."""
+    distances = atoms.get_all_distances()
+    return (distances < cutoff) & ~np.eye(len(atoms), dtype=bool)
+
+
+def test_isolated_atoms_and_structures_without_edges_are_kept_and_counted(tmp_path):
+    written = with_isolated_atoms()
+    path = write(tmp_path / "m.extxyz", written)
+    data = load_dataset("structures", path=path, target="energy_kcal", seed=0)
+    graphs = data.train + data.val
+    assert data.num_train_graphs + data.num_val_graphs == len(written) == len(graphs)
+    for graph in graphs:
+        atoms = written[graph.source_index]
+        assert graph.num_nodes == len(atoms)
+        assert graph.num_edges == int(neighbours(atoms).sum())
+    near = [neighbours(atoms) for atoms in written]
+    assert data.isolated_nodes == sum(int((~n.any(axis=1)).sum()) for n in near) > 0
+    assert data.graphs_without_edges == sum(not n.any() for n in near) > 0
+    distances = np.concatenate(
+        [a.get_all_distances()[n] for a, n in zip(written, near, strict=True)]
+    )
+    assert data.num_edges == distances.size
+    assert data.edge_min == pytest.approx(distances.min())
+    assert data.edge_max == pytest.approx(distances.max())
+    assert data.edge_max < data.cutoff == 4.0
+
+
+def test_a_file_without_isolated_atoms_counts_none(tmp_path):
+    path = write(tmp_path / "m.extxyz", molecules())
+    data = load_dataset("structures", path=path, target="energy_kcal", seed=0, cutoff=2.0)
+    assert data.cutoff == 2.0
+    assert data.isolated_nodes == sum(
+        int((~neighbours(a, 2.0).any(axis=1)).sum()) for a in molecules()
+    )
+    assert data.graphs_without_edges == 0
+    assert data.edge_max < 2.0
+
+
+def test_a_batch_without_edges_trains_without_a_false_failure(tmp_path):
+    """At batch size 1, each single atom is a batch of no edges: its logits are empty,
+    which the step guard read as a non-finite forward pass before it counted -inf (the max
+    over nothing) as finite."""
+    from stability import TrainConfig, Trainer, get_variant
+
+    path = write(tmp_path / "m.extxyz", with_isolated_atoms())
+    data = load_dataset("structures", path=path, target="energy_kcal", seed=0)
+    assert any(g.num_edges == 0 for g in data.train), "guards the test: an edgeless graph"
+    config = TrainConfig(batch_size=1, epochs=2, hidden=8, learning_rate=0.01)
+    for variant in ("raw_e", "stable_softmax"):
+        result = Trainer(get_variant(variant), data, config).run()
+        assert result.first_nan_epoch is None, (variant, result.first_nan_where)
+        assert np.isfinite(result.final_mae)

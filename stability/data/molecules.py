@@ -80,7 +80,7 @@ def g2(
         f"g2(seed={seed},cutoff={cutoff:g},val_fraction={val_fraction:g},"
         f"perturbed_copies={perturbed_copies},displacement={displacement:g})"
     )
-    return Dataset(key=key, train=train, val=val)
+    return Dataset(key=key, train=train, val=val, cutoff=cutoff)
 
 
 def _molecule_graph(

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ast
 import inspect
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
@@ -33,17 +34,30 @@ class Dataset:
     Graphs are numbered train first, then validation, in error messages. Shapes and edge
     endpoints are checked here; NaN and +-Inf values are named by ``nonfinite_input``
     (``load_dataset`` refuses them unless asked to allow them).
+
+    What a report says about the data, over train and validation together: ``num_edges``,
+    the smallest and largest finite edge distance ``edge_min`` and ``edge_max`` (NaN without
+    edges), ``isolated_nodes`` (nodes no edge enters: an isolated atom in a molecule, as in
+    the hunt's column of that name), ``graphs_without_edges``, and ``cutoff``, the distance
+    beyond which the builder dropped every pair (``None`` where it drops none).
+    ``num_train_graphs`` and ``num_val_graphs`` count the split.
     """
 
     key: str
     train: list[Graph]
     val: list[Graph]
+    cutoff: float | None = None
     target_mean: float = field(init=False)
     target_std: float = field(init=False)
     edge_mean: float = field(init=False)
     edge_std: float = field(init=False)
     #: (graph index, field) of the first graph holding NaN or +-Inf, else ``None``.
     nonfinite_input: tuple[int, str] | None = field(init=False)
+    num_edges: int = field(init=False)
+    edge_min: float = field(init=False)
+    edge_max: float = field(init=False)
+    isolated_nodes: int = field(init=False)
+    graphs_without_edges: int = field(init=False)
 
     def __post_init__(self) -> None:
         if not self.train or not self.val:
@@ -71,6 +85,7 @@ class Dataset:
         # (Statistics of data holding NaN or Inf are NaN; such data is never trained on.)
         with np.errstate(invalid="ignore"):
             self._set_statistics()
+        self._set_counts(graphs)
 
     def _set_statistics(self) -> None:
         targets = np.array([g.target for g in self.train])
@@ -82,16 +97,43 @@ class Dataset:
         if self.edge_std == 0.0:
             object.__setattr__(self, "edge_std", 1.0)
 
+    def _set_counts(self, graphs: list[Graph]) -> None:
+        # [num_edges] every distance of the data set, NaN and +-Inf left out
+        distances = np.concatenate([g.edges.ravel() for g in graphs])
+        finite = distances[np.isfinite(distances)]
+        received = [
+            np.bincount(g.receivers.astype(np.int64), minlength=g.num_nodes) for g in graphs
+        ]
+        object.__setattr__(self, "num_edges", int(distances.size))
+        object.__setattr__(self, "edge_min", float(finite.min()) if finite.size else math.nan)
+        object.__setattr__(self, "edge_max", float(finite.max()) if finite.size else math.nan)
+        object.__setattr__(self, "isolated_nodes", sum(int((r == 0).sum()) for r in received))
+        object.__setattr__(self, "graphs_without_edges", sum(g.num_edges == 0 for g in graphs))
+
     @property
     def num_features(self) -> int:
         return int(self.train[0].nodes.shape[1])
 
+    @property
+    def num_train_graphs(self) -> int:
+        return len(self.train)
+
+    @property
+    def num_val_graphs(self) -> int:
+        return len(self.val)
+
     @classmethod
     def from_graphs(
-        cls, key: str, graphs: Sequence[Graph], *, seed: int = 0, val_fraction: float = 0.2
+        cls,
+        key: str,
+        graphs: Sequence[Graph],
+        *,
+        seed: int = 0,
+        val_fraction: float = 0.2,
+        cutoff: float | None = None,
     ) -> Dataset:
         """Split ``graphs`` by graph: ``val_fraction`` of them (at least one) drawn with
-        ``seed`` for validation, the rest for training.
+        ``seed`` for validation, the rest for training; ``cutoff`` as in ``Dataset``.
 
         Each graph keeps its place in ``graphs`` as its ``source_index`` (unless it has one),
         so errors name graphs by the user's own index, not by their place after the shuffle.
@@ -108,6 +150,7 @@ class Dataset:
             key=key,
             train=[numbered[i] for i in order[num_val:]],
             val=[numbered[i] for i in order[:num_val]],
+            cutoff=cutoff,
         )
 
 

@@ -49,6 +49,11 @@ def structures(
     extxyz header lands there). ``index`` picks structures as in Python (``"0:100"``,
     ``"::2"``, ``"5"``); ``format`` forces ASE's format name when the file name does not say
     it. The split is by structure: ``val_fraction`` of them drawn with ``seed``.
+
+    An atom with no other atom within ``cutoff`` is kept, as a node no edge enters, and a
+    structure with no pair within it (a single atom, say) as a graph without edges: the
+    data set counts both (``Dataset.isolated_nodes``, ``Dataset.graphs_without_edges``) and
+    carries the ``cutoff``, so a report can say what the cutoff left out.
     """
     if not path:
         raise DataError("data set structures: set dataset.path to a structure file ASE reads")
@@ -68,7 +73,7 @@ def structures(
     )
     if len(graphs) < 2:
         raise DataError(f"{file}: needs at least 2 structures to split, found {len(graphs)}")
-    return Dataset.from_graphs(key, graphs, seed=seed, val_fraction=val_fraction)
+    return Dataset.from_graphs(key, graphs, seed=seed, val_fraction=val_fraction, cutoff=cutoff)
 
 
 def file_digest(path: Path) -> str:
@@ -131,13 +136,9 @@ def _structure_graph(
         raise DataError(f"{where}: positions hold NaN or Inf")
     value = _target(atoms, target, where)
     # Receivers i, senders j, distances d: one entry per ordered pair within cutoff
-    # (both directions), found by binning, not by a Python double loop.
+    # (both directions), found by binning, not by a Python double loop. None for a
+    # structure whose atoms are all farther apart: a graph without edges.
     receivers, senders, distances = neighbor_list("ijd", atoms, cutoff)
-    if len(distances) == 0:
-        raise DataError(
-            f"{where}: no two atoms are within cutoff {cutoff:g}; raise dataset.cutoff or "
-            "leave the structure out with dataset.index"
-        )
     column = np.searchsorted(elements, atoms.numbers)
     # [num_atoms, len(elements) + 1]: element one-hot, then Z / 10 (kept near 1 in size)
     nodes = np.concatenate([np.eye(len(elements))[column], (atoms.numbers / 10.0)[:, None]], axis=1)

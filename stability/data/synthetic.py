@@ -73,6 +73,7 @@ def synthetic(
         key=key,
         train=[graphs[i] for i in order[num_val:]],
         val=[graphs[i] for i in order[:num_val]],
+        cutoff=cutoff,
     )
 
 
