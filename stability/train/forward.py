@@ -129,12 +129,19 @@ def max_abs(tensors: list, dtype: tf.DType = tf.float32) -> tf.Tensor:
 
     One abs and one max over the tensors flattened into one vector, rather than a pair per
     tensor: the step's cost is mostly its number of small ops (the seed's model has 10
-    weights), and this is the reduction the weights check reads (``finite_given``).
+    weights), and this is the reduction the weights check reads (``finite_given``). A
+    tensor that is already a vector (a bias, its Adam slots) is not reshaped: a reshape is
+    an op like any other, and a max is the same whatever the grouping.
     """
     if not tensors:
         return tf.constant(math.nan, dtype)
-    flat = [tf.reshape(tf.cast(t, dtype), [-1]) for t in tensors]
+    flat = [_vector(tf.cast(t, dtype)) for t in tensors]
     return tf.reduce_max(tf.abs(flat[0] if len(flat) == 1 else tf.concat(flat, axis=0)))
+
+
+def _vector(tensor: tf.Tensor) -> tf.Tensor:
+    """``tensor`` as a vector ``[n]``: itself when it is one (no op added), else reshaped."""
+    return tensor if tensor.shape.rank == 1 else tf.reshape(tensor, [-1])
 
 
 def stats_dtype(weights: list) -> tf.DType:
