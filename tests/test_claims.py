@@ -305,3 +305,15 @@ def test_the_summary_is_built_from_the_verdicts():
         )
     )
     assert "No variant avoided the NaN" in nothing
+
+
+def test_a_divergence_without_a_nan_is_no_nan_to_the_rules():
+    finite = rows("stable_softmax", [None, None, None], mae=0.2)
+    diverged = finite.assign(
+        diverged_epoch=[50, math.nan, math.nan],
+        warning=["validation MAE diverged at epoch 50", None, None],
+    )
+    before, after = stats(finite, "stable_softmax"), stats(diverged, "stable_softmax")
+    assert (after.nans, after.final_mae) == (before.nans, before.final_mae) == (0, 0.2)
+    assert avoids(after, stats(RAW, "raw_e"), RULES) is avoids(before, stats(RAW, "raw_e"), RULES)
+    assert "**NaN only**" in RULES.text() and "`diverged_epoch`" in RULES.text()

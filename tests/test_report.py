@@ -41,3 +41,35 @@ def test_report_without_history_has_no_plots(tmp_path):
     assert "## Risk" not in markdown and not list(tmp_path.glob("*.png"))
     assert read_history(tmp_path / "absent.history.csv") is None
     assert isinstance(frame, pd.DataFrame)
+
+
+def test_the_failing_layer_and_op_of_each_failing_setting_are_listed():
+    frame = read_results(REPORTS / "seed.csv")
+    table = summary_table(frame).set_index("variant")
+    for variant, group in frame.groupby("variant"):
+        failed = group[group["first_nan_epoch"].notna()]
+        cell = table.loc[variant, "failing layer: op"]
+        if failed.empty:
+            assert cell == "-"
+            continue
+        counts = failed.groupby(["first_nan_layer", "first_nan_op"]).size()
+        expected = ", ".join(f"{lay}: {op} {n}/{len(group)}" for (lay, op), n in counts.items())
+        assert cell == expected
+
+
+def test_divergence_is_shown_beside_the_warnings_from_the_rows(tmp_path):
+    frame = read_results(REPORTS / "seed.csv")
+    assert "diverged (before any NaN)" not in summary_table(frame)
+    plain = write_reports(frame, tmp_path, "seed").read_text()
+    assert "diverged_epoch" not in plain
+    finite = frame.index[frame["first_nan_epoch"].isna()]
+    row = frame.loc[finite[0]]
+    frame.loc[finite[0], "diverged_epoch"] = 123
+    table = summary_table(frame).set_index("variant")
+    runs = (frame["variant"] == row["variant"]).sum()
+    cell = table.loc[row["variant"], "diverged (before any NaN)"]
+    assert cell == f"1/{runs}: epoch 123 (seed {row['seed']})"
+    others = table.drop(index=row["variant"])["diverged (before any NaN)"]
+    assert (others == "-").all()
+    markdown = write_reports(frame, tmp_path, "seed").read_text()
+    assert "(`diverged_epoch`)" in markdown and "A warning, not a NaN" in markdown

@@ -124,3 +124,24 @@ def test_signed_headroom_heads_for_the_line_of_its_direction_and_dtype(dtype):
 def test_an_old_history_without_the_signed_columns_keeps_the_nearer_line():
     results, history = _case({"v": 1.0}, {})
     assert run_risks(results, history).iloc[0]["line_name"] == "underflow"
+
+
+@pytest.mark.parametrize("signed", [False, True])
+def test_a_model_without_attention_logits_gets_no_trend_and_says_why(signed):
+    results, history = _case({"plain": 0.0, "slow": 1.0}, {"plain": 30})
+    plain = history["variant"] == "plain"
+    history.loc[plain, "max_abs_logit"] = np.nan  # the model exposes no logits
+    if signed:
+        history["max_exp_arg"] = history["max_abs_logit"]
+        history["min_node_max_logit"] = -history["max_abs_logit"]
+    table = risk_table(results, history).set_index("variant")
+    row = table.loc["plain"]
+    assert "nan" not in " ".join(row.drop("risk").astype(str)).lower()
+    assert row["max abs logit growth per epoch, median"] == "—" and row["line"] == "—"
+    assert row["trend crosses it at epoch (finite runs), median"] == "—"
+    assert row["risk"] == (
+        "NaN in 1/1 runs; 1/1 run(s) recorded no attention logit (the model exposes none): "
+        "no trend toward exp's lines"
+    )
+    assert table.loc["slow", "max abs logit growth per epoch, median"] == "+1.000"
+    assert "no attention logit" not in table.loc["slow", "risk"]

@@ -115,8 +115,8 @@ def test_the_csvs_have_the_bytes_of_the_rows_as_rendered_before(tmp_path):
     store.finish()
     head = ",".join(RESULT_FIELDS)
     assert (tmp_path / "tiny.csv").read_text() == (
-        # The last eight cells: the columns issues 14, 21 and 25 appended, empty for this row.
-        f"{head}\ntiny,raw_e,0,d,16,0.01,2,float32,2,,,,,,0.5,,,,0.0,0.0,,,,,,,,,\n"
+        # The last nine cells: the columns issues 14, 21, 25 and 26 appended, empty here.
+        f"{head}\ntiny,raw_e,0,d,16,0.01,2,float32,2,,,,,,0.5,,,,0.0,0.0,,,,,,,,,,\n"
     )
 
 
@@ -144,3 +144,33 @@ def test_resume_refuses_rows_of_other_settings(tmp_path):
     ):
         RunStore(tmp_path, "tiny", resume=True, settings={"epochs": 5})
     assert RunStore(tmp_path, "tiny", resume=True, settings={"epochs": 2, "dtype": "float32"})
+
+
+def test_a_csv_of_an_older_version_is_taken_in_with_the_new_columns_empty(tmp_path):
+    store = RunStore(tmp_path, "tiny")
+    store.add(result(0, best_mae=0.5))
+    store.finish()
+    store_path(tmp_path, "tiny").unlink()
+    old = rows(tmp_path / "tiny.csv")
+    with (tmp_path / "tiny.csv").open("w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=RESULT_FIELDS[:-1], lineterminator="\n")
+        writer.writeheader()
+        writer.writerows({k: v for k, v in row.items() if k in RESULT_FIELDS[:-1]} for row in old)
+    RunStore(tmp_path, "tiny", resume=True).finish()
+    assert rows(tmp_path / "tiny.csv") == [{**old[0], RESULT_FIELDS[-1]: ""}]
+
+
+def test_rewrite_replaces_the_rows_it_holds_and_refuses_a_run_it_does_not(tmp_path):
+    store = RunStore(tmp_path, "tiny")
+    for seed in (0, 1):
+        store.add(result(seed, best_mae=0.5))
+    changed = [{**row, "best_mae": "0.25"} for row in store.rows()]
+    store.rewrite(changed[:1])
+    assert [r["best_mae"] for r in rows(tmp_path / "tiny.csv")] == ["0.25", "0.5"]
+    assert [r["best_mae"] for r in store.rows()] == ["0.25", "0.5"]
+    unknown = {**changed[1], "seed": "7"}
+    with pytest.raises(StabilityError, match="holds no run"):
+        store.rewrite([{**changed[1], "best_mae": "0.125"}, unknown])
+    assert [r["best_mae"] for r in store.rows()] == ["0.25", "0.5"], "nothing is written"
+    assert list(store.histories()) == []  # these runs have no epochs
+    store.finish()

@@ -8,6 +8,7 @@ adding a field, at the end (stable names and order: users and CI depend on them)
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
 
 from stability.core.failures import Failure, Kind
@@ -41,6 +42,13 @@ class EpochRecord:
     # Appended by issue 21.
     #: The largest |raw gradient| over the epoch's finite steps.
     max_abs_grad: float = math.nan
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, object]) -> EpochRecord:
+        """The record of a history row as the CSV spells it (text, empty for NaN); a column
+        an older history lacks is NaN."""
+        values = {f.name: _number(row.get(f.name, "")) for f in fields(cls) if f.name != "epoch"}
+        return cls(int(row["epoch"]), **values)
 
 
 @dataclass
@@ -89,6 +97,10 @@ class RunResult:
     #: The libraries, thread layout and CPU the run trained on (``environment.describe``);
     #: rows of one environment compare exactly, others by what holds on any machine.
     environment: str = ""
+    # Appended by issue 26 (stability.train.run_summary.divergence).
+    #: The first epoch whose validation MAE exceeded ``DIVERGENCE_FACTOR`` x the best of
+    #: the epochs before it, among the epochs before any failure; None if none did.
+    diverged_epoch: int | None = None
     history: list[EpochRecord] = field(default_factory=list, repr=False, metadata=_NOT_A_COLUMN)
     #: The first failure as one typed record (``stability.core.failures.Failure``), where it
     #: was found in this process; its columns above are rendered from it. Not a column.
@@ -135,6 +147,18 @@ class RunResult:
         lines = exp_limits(self.dtype)
         extra = dict(zip(_EXP_LINE_FIELDS, (lines.overflow, -lines.underflow), strict=True))
         return [{**ident, **asdict(record), **extra} for record in self.history]
+
+
+def cell(value: object) -> str:
+    """How a value is spelled in our CSVs: empty for None and NaN, else ``str``."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return ""
+    return str(value)
+
+
+def _number(text: object) -> float:
+    """A CSV cell read back as a float: NaN where it is empty."""
+    return math.nan if text is None or text == "" else float(text)
 
 
 #: The result columns, in CSV order: ``RunResult``'s fields but its history and its failure

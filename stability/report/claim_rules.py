@@ -42,6 +42,11 @@ class Rules:
 
     def text(self) -> str:
         return (
+            f"- **NaN only**: every rule reads the runs' first failures (a non-finite value, or "
+            f"attention weights not summing to 1, or a masked non-finite gradient) and their "
+            f"final MAEs. A run whose validation MAE diverged without a failure (the case "
+            f"report's *diverged* column, `diverged_epoch`) is a warning, not a NaN: here it "
+            f"counts as a run that stayed finite, with the final MAE it ended at.\n"
             f"- **hits a NaN**: every run (seed) of the setting hits a NaN within its budget.\n"
             f"- **avoids**: no run hits a NaN, and the budget is at least "
             f"{self.avoid_budget_factor:g} times `raw_e`'s median first-NaN epoch in the same "

@@ -33,6 +33,12 @@ TREND_FRACTION = 0.5
 #: line through 3 early points once "crossed at epoch 3850"; that is no evidence of anything.
 MIN_TREND_EPOCHS = 20
 
+#: The history's attention-logit figures: all NaN for a run whose model exposes no logits.
+LOGIT_COLUMNS = ("max_abs_logit", "max_exp_arg", "min_node_max_logit")
+
+#: What the Risk table shows where no run of a variant recorded a logit (not "+nan").
+ABSENT = "—"
+
 #: Grouping of runs into the rows of a report.
 GROUP_KEYS = ["learning_rate", "batch_size", "variant"]
 
@@ -91,6 +97,9 @@ def run_risks(results: pd.DataFrame, history: pd.DataFrame) -> pd.DataFrame:
             }
         hit = finals.get(key)
         hit_nan = hit is not None and not pd.isna(hit)
+        # A model that exposes no attention logits (the forward contract) records NaN for
+        # every epoch's logit figures: there is no trend, and no line it heads for.
+        logits = any(run[c].notna().any() for c in LOGIT_COLUMNS if c in run.columns)
         last_epoch = int(run["epoch"].max())
         if not hit_nan and last_epoch < MIN_TREND_EPOCHS:
             trend["crossing"] = math.nan  # too short to extrapolate (MIN_TREND_EPOCHS)
@@ -100,6 +109,7 @@ def run_risks(results: pd.DataFrame, history: pd.DataFrame) -> pd.DataFrame:
                 **trend,
                 "hit_nan": hit_nan,
                 "last_epoch": last_epoch,
+                "logits": logits,
             }
         )
     return pd.DataFrame(rows)
@@ -140,14 +150,17 @@ def risk_table(results: pd.DataFrame, history: pd.DataFrame) -> pd.DataFrame:
         if variant_runs.empty:
             continue
         budget = int(group["epochs"].max())
+        seen = variant_runs[_with_logits(variant_runs)]
         rows.append(
             {
                 "variant": variant,
                 "lr": f"{lr:g}",
                 "batch": int(batch_size),
-                "max abs logit growth per epoch, median": f"{variant_runs['slope'].median():+.3f}",
-                "line": variant_runs["line_label"].mode().iloc[0],
-                "trend crosses it at epoch (finite runs), median": _crossing(variant_runs),
+                "max abs logit growth per epoch, median": (
+                    f"{seen['slope'].median():+.3f}" if len(seen) else ABSENT
+                ),
+                "line": seen["line_label"].mode().iloc[0] if len(seen) else ABSENT,
+                "trend crosses it at epoch (finite runs), median": _crossing(seen),
                 "risk": risk_line(variant_runs, budget),
             }
         )
@@ -158,7 +171,16 @@ def risk_table(results: pd.DataFrame, history: pd.DataFrame) -> pd.DataFrame:
     return table
 
 
+def _with_logits(runs: pd.DataFrame) -> pd.Series:
+    """The runs that recorded an attention logit (all of a frame without the column)."""
+    if "logits" not in runs:
+        return pd.Series(True, index=runs.index)
+    return runs["logits"].astype(bool)
+
+
 def _crossing(runs: pd.DataFrame) -> str:
+    if runs.empty:
+        return ABSENT
     finite = runs.loc[~runs["hit_nan"] & ~(runs["peak"] > runs["line"]), "crossing"].dropna()
     if finite.empty:
         return "-"
@@ -169,10 +191,17 @@ def _crossing(runs: pd.DataFrame) -> str:
 def risk_line(runs: pd.DataFrame, budget: int) -> str:
     """A sentence on one variant's runs: NaN, delayed NaN, or no growth toward the line."""
     hits = int(runs["hit_nan"].sum())
-    finite = runs.loc[~runs["hit_nan"], "crossing"]
     parts = []
     if hits:
         parts.append(f"NaN in {hits}/{len(runs)} runs")
+    seen = _with_logits(runs)
+    if not seen.all():
+        parts.append(
+            f"{int((~seen).sum())}/{len(runs)} run(s) recorded no attention logit (the model "
+            "exposes none): no trend toward exp's lines"
+        )
+        runs = runs[seen]
+    finite = runs.loc[~runs["hit_nan"], "crossing"]
     past = runs.loc[~runs["hit_nan"] & (runs["peak"] > runs["line"])]
     if not past.empty:
         # exp never saw these logits raw (a max-subtracted softmax, say): the line does

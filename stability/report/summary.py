@@ -98,6 +98,23 @@ class Setting:
             return pd.Series(dtype=object)
         return self.rows.loc[~self.training_nan & ~self.bad_input, "warning"].dropna()
 
+    @property
+    def diverged(self) -> pd.DataFrame:
+        """The trained runs whose validation MAE diverged before any failure
+        (``diverged_epoch``, issue 26); none for rows older than the column."""
+        if "diverged_epoch" not in self.rows.columns:
+            return self.rows.iloc[:0]
+        return self.rows.loc[self.rows["diverged_epoch"].notna() & ~self.bad_input]
+
+    def sites(self) -> dict[tuple[str, str], int]:
+        """(layer, op) of the runs' first failures in training, with how many runs each."""
+        failed = self.rows.loc[self.training_nan, ["first_nan_layer", "first_nan_op"]]
+        pairs = failed.fillna("-").astype(str).itertuples(index=False, name=None)
+        counts: dict[tuple[str, str], int] = {}
+        for pair in pairs:
+            counts[pair] = counts.get(pair, 0) + 1
+        return dict(sorted(counts.items()))
+
     def ops(self) -> tuple[str, ...]:
         return tuple(sorted(set(self.rows.loc[self.training_nan, "first_nan_op"].dropna())))
 

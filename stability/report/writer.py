@@ -89,6 +89,7 @@ def summary_table(frame: pd.DataFrame) -> pd.DataFrame:
                 "NaN in": f"{s.nan_runs}/{s.runs}",
                 "first NaN epoch, median [min-max]": _median_range(s.nan_epochs),
                 "where": ", ".join(s.wheres()) or "-",
+                "failing layer: op": _sites(s),
                 "cause": _causes(s),
                 "final MAE, median [IQR]": _median_iqr(s.final_maes),
                 "final MAE / best finite": _relative(s, best),
@@ -96,6 +97,7 @@ def summary_table(frame: pd.DataFrame) -> pd.DataFrame:
                 "MAE before NaN, median": _median(s.rows["mae_before_nan"]),
                 "max abs logit, median": _median(s.rows["max_abs_logit"], digits=1),
                 "warning (finite runs)": _warnings(s),
+                DIVERGED: _diverged(s),
                 "NaN in input": f"{s.input_runs}/{s.runs}",
             }
         )
@@ -104,13 +106,42 @@ def summary_table(frame: pd.DataFrame) -> pd.DataFrame:
         table = table.drop(columns="NaN in input")
     if (table["cause"] == "-").all():  # rows older than the column, or no failure
         table = table.drop(columns="cause")
-    if (table["warning (finite runs)"] == "-").all():
-        table = table.drop(columns="warning (finite runs)")
+    for column in ("failing layer: op", "warning (finite runs)", DIVERGED):
+        if (table[column] == "-").all():
+            table = table.drop(columns=column)
     # Settings that do not vary in the case are stated once above the table, not per row.
     for column in ("lr", "batch"):
         if table[column].nunique() == 1:
             table = table.drop(columns=column)
     return table
+
+
+#: The summary column of the runs whose validation MAE diverged (``diverged_epoch``).
+DIVERGED = "diverged (before any NaN)"
+
+
+def _sites(s: Setting) -> str:
+    """The failing runs' first-failure layer and op with their counts:
+    ``message_passing_0: RealDiv (softmax_div) 3/3``."""
+    sites = s.sites()
+    if set(sites) <= {("-", "-")}:
+        return "-"
+    return ", ".join(f"{layer}: {op} {n}/{s.runs}" for (layer, op), n in sites.items())
+
+
+def _diverged(s: Setting) -> str:
+    """How many of the setting's runs diverged, and where: ``1/3: epoch 187 (seed 0)``."""
+    runs = s.diverged
+    if runs.empty:
+        return "-"
+    several = s.rows["dataset"].nunique() > 1
+    data = {key: i for i, key in enumerate(s.rows["dataset"].unique(), start=1)}
+    where = [
+        f"epoch {int(row.diverged_epoch)} (seed {row.seed}"
+        + (f", data {data[row.dataset]})" if several else ")")
+        for row in runs.itertuples()
+    ]
+    return f"{len(runs)}/{s.runs}: " + ", ".join(where)
 
 
 def _causes(s: Setting) -> str:
@@ -178,6 +209,7 @@ def markdown_report(
     variants = pd.DataFrame(
         [{"variant": v, "what it changes": _describe(v)} for v in frame["variant"].unique()]
     )
+    table = summary_table(frame)
     parts = [
         f"# Case `{case}`",
         description.strip(),
@@ -188,9 +220,9 @@ def markdown_report(
         variants.to_markdown(index=False),
         "## Results",
         _reference_line(frame),
-        summary_table(frame).to_markdown(index=False),
+        table.to_markdown(index=False),
         *(_history_sections(frame, history, case) if history is not None else []),
-        _reading_guide(frame),
+        _reading_guide(frame, table),
     ]
     return "\n\n".join(p for p in parts if p) + "\n"
 
@@ -264,20 +296,48 @@ _READING_GUIDE = """\
   gradient explosion, not a forward overflow or underflow.
 - **final MAE**: validation MAE in the target's own units after the last epoch, for runs that
   stayed finite, median with the interquartile range. **/ best finite**: that median divided
-  by the best median of a variant none of whose runs hit a NaN. **MAE before NaN**: the
-  validation MAE after the last whole epoch before the NaN.
+  by the best median of a variant none of whose runs hit a NaN. **best MAE**: the lowest
+  validation MAE of the epochs a user could have kept, those before any failure (none for
+  a run that failed in its first epoch). **MAE before NaN**: the validation MAE after the
+  last whole epoch before the NaN.
 - **max abs logit**: the largest |attention logit| seen; {limits}.
 - **warning (finite runs)** (only when some finite run has one): how many of the runs that
-  stayed finite came close to `exp`'s limits, and the first one's warning, which names the
-  line, the value and the margin (or, under XLA, the region where its softmax gradient is
-  finite but wrong).
+  stayed finite came close to `exp`'s limits or diverged, and the first one's warning, which
+  names the line, the value and the margin (or, under XLA, the region where its softmax
+  gradient is finite but wrong), or the divergence.
 - **NaN in input** (only when some run had it): runs whose data held NaN or Inf, allowed by
   the case's `allow_nonfinite_input`; they were not trained and do not count under NaN in.
 """
 
 
-def _reading_guide(frame: pd.DataFrame) -> str:
-    """The column guide, with ``exp``'s limits for each dtype the case's rows were run in."""
+#: Guide lines of the columns a table shows only when some row fills them.
+_OPTIONAL_GUIDE = {
+    "failing layer: op": (
+        "- **failing layer: op**: the Keras layer path and the op of each failing run's "
+        "first non-finite value (`first_nan_layer`, `first_nan_op`), with counts."
+    ),
+    DIVERGED: (
+        "- **{diverged}**: runs whose validation MAE, in the epochs before any failure, went "
+        "above {factor:g}x the best validation MAE of the epochs before it, with the first "
+        "such epoch (`diverged_epoch`); the CSV's `warning` names that MAE and the best "
+        "before it. A warning, not a NaN: **NaN in** and the claims do not count it."
+    ),
+}
+
+
+def _reading_guide(frame: pd.DataFrame, table: pd.DataFrame) -> str:
+    """The column guide, with ``exp``'s limits for each dtype the case's rows were run in,
+    and the lines of the optional columns ``table`` shows."""
+    guide = _READING_GUIDE
+    shown = [column for column in _OPTIONAL_GUIDE if column in table.columns]
+    if shown:
+        # Imported here: run_summary brings TensorFlow (as _describe's variants do).
+        from stability.train.run_summary import DIVERGENCE_FACTOR
+
+        lines = [
+            _OPTIONAL_GUIDE[c].format(diverged=DIVERGED, factor=DIVERGENCE_FACTOR) for c in shown
+        ]
+        guide = guide.rstrip("\n") + "\n" + "\n".join(lines) + "\n"
     lines = []
     for dtype in sorted(frame["dtype"].astype(str).unique()):
         limits = exp_limits(dtype)
@@ -285,7 +345,7 @@ def _reading_guide(frame: pd.DataFrame) -> str:
             f"`exp` overflows {dtype} above +{limits.overflow:.2f} and, with denormals flushed "
             f"to zero, returns 0 below -{limits.underflow:.2f}"
         )
-    return _READING_GUIDE.replace("{limits}", "; ".join(lines))
+    return guide.replace("{limits}", "; ".join(lines))
 
 
 def _describe(variant: str) -> str:

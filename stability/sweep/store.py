@@ -21,7 +21,6 @@ from __future__ import annotations
 import contextlib
 import csv
 import io
-import math
 import sqlite3
 import time
 from collections.abc import Iterable, Sequence
@@ -29,7 +28,7 @@ from pathlib import Path
 
 from stability.core.errors import StabilityError
 from stability.core.files import TEMP_SUFFIX, atomic_writer, folder_lock
-from stability.core.results import HISTORY_FIELDS, RESULT_FIELDS, RunResult
+from stability.core.results import HISTORY_FIELDS, RESULT_FIELDS, RunResult, cell
 
 #: The columns that name one run: a case also sweeps batch sizes and learning rates, so
 #: they belong to the key beside case, variant, seed and data set.
@@ -165,6 +164,39 @@ class RunStore:
         )
         return [dict(zip(RESULT_FIELDS, row, strict=True)) for row in cursor]
 
+    def histories(self) -> dict[tuple[str, ...], list[dict[str, str]]]:
+        """Every history row in the store, spelled as the CSV spells them, by run key, each
+        run's epochs in order."""
+        cursor = self._db.execute(
+            f"SELECT {', '.join(map(_q, HISTORY_FIELDS))} FROM history "
+            f"ORDER BY {_order((*RUN_KEY, 'epoch'))}"
+        )
+        runs: dict[tuple[str, ...], list[dict[str, str]]] = {}
+        for values in cursor:
+            row = dict(zip(HISTORY_FIELDS, values, strict=True))
+            runs.setdefault(run_key(row), []).append(row)
+        return runs
+
+    def rewrite(self, rows: Sequence[dict[str, object]]) -> None:
+        """Replace the result rows of runs the store holds by ``rows`` (keyed by ``RUN_KEY``)
+        in one transaction, then render the CSVs: a run's summary recomputed from its
+        history (``report --resummarize``) lands in the store and the CSV at once. A row
+        whose run the store does not hold is an error, and nothing is written."""
+        others = [name for name in RESULT_FIELDS if name not in RUN_KEY]
+        assign = ", ".join(f"{_q(name)} = ?" for name in others)
+        where = " AND ".join(f"{_q(name)} = ?" for name in RUN_KEY)
+        try:
+            with _transaction(self._db):
+                for row in rows:
+                    values = [_cell(row[name]) for name in (*others, *RUN_KEY)]
+                    cursor = self._db.execute(f"UPDATE results SET {assign} WHERE {where}", values)
+                    if cursor.rowcount != 1:
+                        raise StabilityError(f"{self.path}: holds no run {run_key(row)}")
+        except sqlite3.Error as exc:
+            raise StabilityError(f"{self.path}: cannot write results ({exc})") from None
+        with folder_lock(self.out_dir):
+            self._render()
+
     def finish(self) -> None:
         """Render both CSVs from every run in the store (this process's and others'), then
         close the database."""
@@ -287,11 +319,8 @@ def _order(key: Sequence[str]) -> str:
     )
 
 
-def _cell(value: object) -> str:
-    """How a value is spelled in our CSVs: empty for None and NaN."""
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return ""
-    return str(value)
+#: How a value is spelled in our CSVs (``stability.core.results.cell``).
+_cell = cell
 
 
 def _read_rows(path: Path, fields: Sequence[str]) -> list[dict[str, str]]:
@@ -302,11 +331,14 @@ def _read_rows(path: Path, fields: Sequence[str]) -> list[dict[str, str]]:
     if text and not text.endswith("\n"):
         text = text[: text.rfind("\n") + 1]
     reader = csv.DictReader(io.StringIO(text))
-    if text and tuple(reader.fieldnames or ()) != tuple(fields):
+    found = tuple(reader.fieldnames or ())
+    # A CSV of an older version: columns are only ever appended, so its rows gain the new
+    # ones, empty (as an old store's table does in ``_connect``).
+    if text and found != tuple(fields[: len(found)]):
         raise StabilityError(
             f"{path}: not a results file of this version; expected columns {', '.join(fields)}"
         )
-    return list(reader)
+    return [{name: row.get(name, "") for name in fields} for row in reader]
 
 
 def _remove_database(path: Path) -> None:
