@@ -2,6 +2,7 @@
 
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from stability.report.writer import read_history, read_results, summary_table, write_reports
@@ -73,3 +74,24 @@ def test_divergence_is_shown_beside_the_warnings_from_the_rows(tmp_path):
     assert (others == "-").all()
     markdown = write_reports(frame, tmp_path, "seed").read_text()
     assert "(`diverged_epoch`)" in markdown and "A warning, not a NaN" in markdown
+
+
+def test_the_settings_say_what_the_data_sets_held(tmp_path):
+    from stability.data import load_dataset
+    from stability.report.writer import markdown_report
+
+    frame = read_results(REPORTS / "generated.csv")
+    data = load_dataset("generated", seed=0, num_graphs=30, max_outlier=40.0)
+    text = markdown_report(frame, "generated", datasets=[data])
+    train, val = len(data.train), len(data.val)
+    distances = np.concatenate([g.edges.ravel() for g in data.train + data.val])
+    received = sum(
+        int((np.bincount(g.receivers, minlength=g.num_nodes) == 0).sum())
+        for g in data.train + data.val
+    )
+    assert f"| graphs (train / validation) | {train} / {val}" in " ".join(text.split())
+    assert (
+        f"{distances.size} edges, distances {distances.min():.3g} to {distances.max():.3g}" in text
+    )
+    assert f"{received} (" in text
+    assert "graphs (train" not in markdown_report(frame, "generated")  # no data sets: no rows

@@ -89,7 +89,8 @@ def report_command(args: argparse.Namespace) -> int:
     case = str(frame["case"].iloc[0])
     # The run's --set overrides, given again, keep their line in the report.
     description = report_description(case_file) if case_file is not None else ""
-    path = write_reports(frame, out, case, description, history)
+    datasets = _datasets(case_file) if case_file is not None else []
+    path = write_reports(frame, out, case, description, history, datasets)
     print(f"wrote {path}")
     return 0
 
@@ -106,6 +107,13 @@ def _load_case(path: Path | None, overrides: list[str]) -> tuple[Case | None, Ma
         found = load_map(path, overrides)
         return found.case, found
     return load_case(path, overrides), None
+
+
+def _datasets(case: Case) -> list:
+    """The case's data sets, for what they held (the Settings' graph and edge counts)."""
+    from stability.sweep.runner import case_datasets
+
+    return case_datasets(case)
 
 
 def _history_path(csv_path: Path) -> Path:

@@ -64,7 +64,7 @@ def run_cases(cases: Sequence[Case], args: argparse.Namespace) -> None:
 
     from stability.core.files import folder_lock
     from stability.report.writer import read_history, read_results, write_reports
-    from stability.sweep.runner import run_case
+    from stability.sweep.runner import case_datasets, run_case
 
     cases = [replace(case, threads=args.threads) for case in cases]
     if args.jit_compile:
@@ -86,7 +86,14 @@ def run_cases(cases: Sequence[Case], args: argparse.Namespace) -> None:
             with folder_lock(args.out):
                 frame = read_results(args.out / f"{case.name}.csv")
                 history = read_history(args.out / f"{case.name}.history.csv")
-                path = write_reports(frame, args.out, case.name, report_description(case), history)
+                path = write_reports(
+                    frame,
+                    args.out,
+                    case.name,
+                    report_description(case),
+                    history,
+                    case_datasets(case),
+                )
             print(f"wrote {args.out / (case.name + '.csv')} and {path}")
     finally:
         if cluster is not None:

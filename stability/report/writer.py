@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
@@ -25,6 +26,9 @@ from stability.core.results import (
 from stability.report.plots import write_plots
 from stability.report.risk import MIN_TREND_EPOCHS, TREND_FRACTION, risk_table
 from stability.report.summary import Setting, best_finite, settings
+
+if TYPE_CHECKING:
+    from stability.data.registry import Dataset
 
 
 def results_frame(results: Sequence[RunResult]) -> pd.DataFrame:
@@ -177,14 +181,21 @@ def _median_iqr(values: pd.Series) -> str:
 
 
 def markdown_report(
-    frame: pd.DataFrame, case: str, description: str = "", history: pd.DataFrame | None = None
+    frame: pd.DataFrame,
+    case: str,
+    description: str = "",
+    history: pd.DataFrame | None = None,
+    datasets: Sequence[Dataset] = (),
 ) -> str:
-    """The case's markdown report; with ``history``, also the risk lines and the plots."""
+    """The case's markdown report; with ``history``, also the risk lines and the plots;
+    with the case's ``datasets``, what they held (``data_facts``)."""
     first = frame.iloc[0]
+    facts = data_facts(datasets)
     settings = pd.DataFrame(
         {
             "setting": [
                 "data set",
+                *facts,
                 "epochs (budget)",
                 "dtype",
                 "seeds",
@@ -196,6 +207,7 @@ def markdown_report(
             "value": [
                 # A case with num_datasets > 1 trains on several; name each of them.
                 "<br>".join(f"`{key}`" for key in frame["dataset"].unique()),
+                *facts.values(),
                 str(int(first["epochs"])),
                 str(first["dtype"]),
                 ", ".join(str(s) for s in sorted(frame["seed"].unique())),
@@ -225,6 +237,40 @@ def markdown_report(
         _reading_guide(frame, table),
     ]
     return "\n\n".join(p for p in parts if p) + "\n"
+
+
+def data_facts(datasets: Sequence[Dataset]) -> dict[str, str]:
+    """What the case's data sets held, as Settings rows: the graphs that trained and
+    validated, the edges and the distances they carry (a cutoff drops every pair beyond
+    it), and the nodes no edge enters. One value per data set, joined like the data set
+    row; empty without data sets (a report rendered from a CSV alone)."""
+    if not datasets:
+        return {}
+    rows = {
+        "graphs (train / validation)": [
+            f"{d.num_train_graphs} / {d.num_val_graphs}" for d in datasets
+        ],
+        "edges (distances used)": [_edges(d) for d in datasets],
+        "nodes without incoming edges": [
+            f"{d.isolated_nodes} ({d.graphs_without_edges} graph(s) without any edge)"
+            for d in datasets
+        ],
+    }
+    return {name: _joined(values) for name, values in rows.items()}
+
+
+def _edges(data: Dataset) -> str:
+    if not data.num_edges:
+        return "0 edges"
+    text = f"{data.num_edges} edges, distances {data.edge_min:.3g} to {data.edge_max:.3g}"
+    if data.cutoff is not None:
+        text += f"; cutoff {data.cutoff:g}: a pair farther apart has no edge"
+    return text
+
+
+def _joined(values: list[str]) -> str:
+    """One value when every data set gives it, else each in the data set row's order."""
+    return values[0] if len(set(values)) == 1 else "<br>".join(values)
 
 
 def _environments(frame: pd.DataFrame) -> str:
@@ -375,9 +421,10 @@ def write_reports(
     case: str,
     description: str = "",
     history: pd.DataFrame | None = None,
+    datasets: Sequence[Dataset] = (),
 ) -> Path:
     """Write ``<case>.md`` (and, with ``history``, its PNGs) into ``out_dir``; return the
-    markdown's path."""
+    markdown's path. ``datasets``, the case's, add what they held to the Settings."""
     out_dir.mkdir(parents=True, exist_ok=True)
     if history is not None and not history.empty:
         nan = frame[frame["first_nan_epoch"].notna()]
@@ -390,5 +437,5 @@ def write_reports(
     else:
         history = None
     path = out_dir / f"{case}.md"
-    atomic_write_text(path, markdown_report(frame, case, description, history))
+    atomic_write_text(path, markdown_report(frame, case, description, history, datasets))
     return path
