@@ -1,6 +1,7 @@
 """The command line, as a user runs it: a real subprocess each time, but for the reference
 runs and re-renders that another test here already runs as a subprocess."""
 
+import io
 import os
 import subprocess
 import sys
@@ -220,3 +221,46 @@ def test_no_command_s_help_imports_tensorflow(tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.count("usage: python -m stability") == len(cli.COMMANDS)
     assert done.stdout.splitlines()[-1] == "neither"
+
+
+# --- progress bars ------------------------------------------------------------------------
+
+
+class Stderr(io.StringIO):
+    def __init__(self, terminal: bool):
+        super().__init__()
+        self.terminal = terminal
+
+    def isatty(self) -> bool:
+        return self.terminal
+
+
+@pytest.mark.parametrize("terminal", [True, False], ids=["terminal", "pipe"])
+@pytest.mark.parametrize("flags", [[], ["--no-progress"]], ids=["default", "no-progress"])
+def test_progress_bars_are_drawn_only_on_a_terminal(monkeypatch, terminal, flags):
+    from stability.commands.flags import show_progress
+
+    for command in ("run", "map", "claims", "spread", "hunt"):
+        target = [] if command == "claims" else ["c.toml"]
+        extra = ["--variant", "raw_e"] if command == "hunt" else []
+        args = cli._parser().parse_args([command, *target, *extra, *flags])
+        monkeypatch.setattr(sys, "stderr", Stderr(terminal))
+        assert show_progress(args) is (terminal and not flags), command
+
+
+def test_a_run_into_a_pipe_draws_no_progress_bar(case_file, tmp_path):
+    out = tmp_path / "out"
+    done = stability(
+        "run",
+        str(case_file),
+        "--out",
+        str(out),
+        "--variants",
+        "stable_softmax",
+        "--set",
+        "epochs=1",
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert (out / "tiny.csv").exists()
+    assert "%|" not in done.stderr and "run/s" not in done.stderr, done.stderr[-2000:]
