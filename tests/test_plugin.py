@@ -1,11 +1,14 @@
 """The pytest plugin, run inside a pytest session of its own (pytester)."""
 
+import dataclasses
 import os
 from pathlib import Path
 
 import pandas as pd
+import pytest
 from conftest import TINY_CASE
 
+from stability import Case
 from stability.core.results import RESULT_FIELDS
 
 ROOT = Path(__file__).parent.parent
@@ -54,3 +57,18 @@ def test_the_fixture_in_this_suite(stability_run, tmp_path):
     results = stability_run(case, variants=["stable_softmax"], epochs=1)
     assert [(r.variant, r.epochs) for r in results] == [("stable_softmax", 1)]
     assert all(len(r.history) == 1 for r in results)
+
+
+def test_a_mistyped_override_fails_the_test_in_one_line_naming_the_accepted(
+    stability_run, tmp_path
+):
+    case = tmp_path / "tiny.toml"
+    case.write_text(TINY_CASE)
+    with pytest.raises(pytest.fail.Exception) as failed:
+        stability_run(case, variants=["stable_softmax"], epoch=1)
+    assert failed.value.pytrace is False  # pytest prints the message alone
+    message = str(failed.value)
+    assert "\n" not in message
+    assert "unknown stability_run override 'epoch'. Did you mean 'epochs'?" in message
+    known = message.split("Known: ", 1)[1].rstrip(".").split(", ")
+    assert known == sorted(field.name for field in dataclasses.fields(Case))
