@@ -14,7 +14,8 @@ from stability.cli import main
 from stability.core.errors import StabilityError
 from stability.core.limits import exp_limits
 from stability.model.softmax import get_softmax
-from stability.testing import PROPERTIES
+from stability.testing import PROPERTIES, ConformanceError
+from stability.testing.implementation import probe
 
 STABLE, NAIVE = get_softmax("stable"), get_softmax("naive")
 
@@ -123,6 +124,10 @@ def raises(logits, segment_ids, num_segments):
     raise RuntimeError("boom")
 
 
+#: The edges of the probe input every softmax must handle first.
+EDGES = len(probe("float32", mask=False).logits)
+
+
 def wrong_shape(logits, segment_ids, num_segments):
     return tf.reshape(STABLE(logits, segment_ids, num_segments), [-1, 1])
 
@@ -135,7 +140,7 @@ def wrong_dtype(logits, segment_ids, num_segments):
     ("fn", "message"),
     [
         (raises, "raises raised RuntimeError: boom on a plain input"),
-        (wrong_shape, "returned output of shape [3, 1] for logits of shape [3]"),
+        (wrong_shape, f"returned output of shape [{EDGES}, 1] for logits of shape [{EDGES}]"),
         (wrong_dtype, "returned output of dtype float64 for float32 logits"),
         (42, "is not callable"),
     ],
@@ -191,3 +196,21 @@ def test_a_softmax_that_changes_its_mind_fails_rather_than_crashing():
 
     report = stability.check_segment_softmax(flaky, dtypes=("float64",))
     assert not report.passed
+
+
+def per_segment(logits, segment_ids, num_segments):
+    """One value per segment (its largest logit), not one per edge."""
+    top = np.full(num_segments, -np.inf, np.asarray(logits).dtype)
+    np.maximum.at(top, np.asarray(segment_ids), np.asarray(logits))
+    return top
+
+
+def test_a_softmax_returning_one_value_per_segment_is_refused_naming_its_shape():
+    plain = probe("float32", mask=False)
+    assert plain.num_segments != len(plain.logits)  # else the shapes could not tell
+    with pytest.raises(ConformanceError) as error:
+        stability.check_segment_softmax(per_segment, dtypes=("float32",))
+    message = str(error.value)
+    assert f"returned output of shape [{plain.num_segments}]" in message, message
+    assert f"for logits of shape [{len(plain.logits)}]" in message, message
+    assert "one value per segment" in message and "\n" not in message
