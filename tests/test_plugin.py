@@ -2,6 +2,7 @@
 
 import dataclasses
 import os
+import re
 from pathlib import Path
 
 import pandas as pd
@@ -72,3 +73,24 @@ def test_a_mistyped_override_fails_the_test_in_one_line_naming_the_accepted(
     assert "unknown stability_run override 'epoch'. Did you mean 'epochs'?" in message
     known = message.split("Known: ", 1)[1].rstrip(".").split(", ")
     assert known == sorted(field.name for field in dataclasses.fields(Case))
+
+
+def documented_block(doc: str, first_line: str) -> str:
+    """The fenced python block of ``docs/<doc>`` that opens with ``first_line``."""
+    text = (ROOT / "docs" / doc).read_text(encoding="utf-8")
+    blocks = re.findall(r"```python\n(.*?)```", text, flags=re.S)
+    [block] = [b for b in blocks if b.startswith(first_line + "\n")]
+    return block
+
+
+def test_the_documented_fixture_example_runs_in_a_fresh_folder(pytester, monkeypatch):
+    """docs/testing.md's stability_run example, beside plugins.md's my_variants.py, as they
+    stand there, in a folder with no case files: it trains the shipped SMALL_CASE."""
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    pytester.makepyfile(
+        my_variants=documented_block("plugins.md", "# my_variants.py"),
+        test_my_variants=documented_block("testing.md", "# test_my_variants.py"),
+    )
+    assert not list(pytester.path.rglob("*.toml"))
+    result = pytester.runpytest_subprocess("-p", "stability.plugin")
+    result.assert_outcomes(passed=1)
