@@ -1,5 +1,8 @@
 """``python -m stability run|map|list|report|compare|claims|conformance|spread|hunt``: the CLI.
 
+TensorFlow loads only after the command line parsed (``stability.commands.startup``), so
+``--help`` and ``--version`` answer at once.
+
 Bad input (a flag, a case file, data, a variant or plugin name, a file that cannot be read
 or written) ends in one line on stderr and exit code 2; ``--debug`` shows the traceback
 too. argparse's own errors (an unknown flag, a missing argument) are its standard two lines,
@@ -11,7 +14,7 @@ from __future__ import annotations
 import argparse
 import sys
 import traceback
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from stability.commands.claims import add_claims_parser, claims_command
 from stability.commands.conformance import add_conformance_parser, conformance_command
@@ -26,10 +29,24 @@ from stability.commands.listing import (
 from stability.commands.map import add_map_parser, map_command
 from stability.commands.run import add_run_parser, run_command
 from stability.commands.spread import add_spread_parser, spread_command
+from stability.commands.startup import start_tensorflow
 from stability.core.errors import StabilityError
 from stability.report.compare import add_compare_parser, compare_command
 
 EXIT_BAD_INPUT = 2
+
+#: Each subcommand's function, by name; ``_parser`` adds their parsers in this order.
+COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
+    "run": run_command,
+    "map": map_command,
+    "list": list_command,
+    "report": report_command,
+    "compare": compare_command,
+    "claims": claims_command,
+    "conformance": conformance_command,
+    "spread": spread_command,
+    "hunt": hunt_command,
+}
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -63,21 +80,11 @@ def _version() -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    args = _parser().parse_args(argv)  # --help and --version end here, without TensorFlow
+    start_tensorflow()
     try:
         _load_plugins(args.plugin)
-        commands = {
-            "run": run_command,
-            "map": map_command,
-            "list": list_command,
-            "report": report_command,
-            "compare": compare_command,
-            "claims": claims_command,
-            "conformance": conformance_command,
-            "spread": spread_command,
-            "hunt": hunt_command,
-        }
-        return commands[args.command](args)
+        return COMMANDS[args.command](args)
     except StabilityError as exc:
         return _bad_input(args, str(exc))
     except OSError as exc:  # a file we could not read or write; not a bug in the harness

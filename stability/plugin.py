@@ -86,26 +86,43 @@ def stability_run(request: pytest.FixtureRequest) -> Callable[..., list[Any]]:
 
     ``stability_run(case, variants=None, **overrides)``: ``case`` is a case file or a
     ``Case``; ``variants`` replaces the case's list; ``overrides`` replace other ``Case``
-    fields (``epochs=5``, ``seeds=(0,)``).
+    fields (``epochs=5``, ``seeds=(0,)``). Bad input (a case file that does not validate,
+    an override that is no ``Case`` field) fails the test in one line, without a traceback.
     """
     report = request.config.stash[_REPORT]
 
     def run(
         case: str | Path | Any, variants: Sequence[str] | None = None, **overrides: Any
     ) -> list[Any]:
-        from stability.sweep.cases import Case, load_case
+        from stability.core.errors import StabilityError
         from stability.sweep.runner import run_case
 
-        if not isinstance(case, Case):
-            case = load_case(case)
-        if variants is not None:
-            overrides["variants"] = tuple(variants)
-        case = dataclasses.replace(case, **overrides)
-        results = run_case(case, progress=False)
+        try:
+            case = _case_of(case, variants, overrides)
+            results = run_case(case, progress=False)
+        except StabilityError as exc:
+            pytest.fail(f"stability_run: {exc}", pytrace=False)
         report.add(case, results)
         return results
 
     return run
+
+
+def _case_of(case: str | Path | Any, variants: Sequence[str] | None, overrides: dict) -> Any:
+    """The ``Case`` to train: ``case`` loaded if it is a file, with the overrides applied;
+    ``NameNotFound`` ("did you mean") for an override that is no ``Case`` field."""
+    from stability.core.errors import NameNotFound
+    from stability.sweep.cases import Case, load_case
+
+    fields = [field.name for field in dataclasses.fields(Case)]
+    for name in overrides:
+        if name not in fields:
+            raise NameNotFound("stability_run override", name, fields)
+    if not isinstance(case, Case):
+        case = load_case(case)
+    if variants is not None:
+        overrides = {**overrides, "variants": tuple(variants)}
+    return dataclasses.replace(case, **overrides)
 
 
 @pytest.fixture

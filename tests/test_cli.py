@@ -1,6 +1,7 @@
 """The command line, as a user runs it: a real subprocess each time, but for the reference
 runs and re-renders that another test here already runs as a subprocess."""
 
+import io
 import os
 import subprocess
 import sys
@@ -16,10 +17,11 @@ from stability.core.results import RESULT_FIELDS
 ROOT = Path(__file__).parent.parent
 
 
-def stability(*args, cwd):
+def stability(*args, cwd, python=()):
+    """``python *python -m stability *args``: ``python`` holds the interpreter's own flags."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     return subprocess.run(
-        [sys.executable, "-m", "stability", *args],
+        [sys.executable, *python, "-m", "stability", *args],
         cwd=cwd,
         env=env,
         capture_output=True,
@@ -144,3 +146,121 @@ def test_bad_input_gets_one_line_and_exit_2(case_file, tmp_path, args, message):
     assert message in done.stderr
     assert "Traceback" not in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+
+
+# --- what starts TensorFlow ---------------------------------------------------------------
+
+
+#: Runs ``python -m stability`` with the arguments given, then prints at exit which of
+#: TensorFlow and Keras it imported. (``-X importtime`` cannot tell: the CLI silences file
+#: descriptor 2 while TensorFlow loads, and importtime's lines with it.)
+HEAVY_AT_EXIT = """
+import atexit, runpy, sys
+
+def heavy():
+    print("heavy:", ",".join(sorted({"tensorflow", "keras"} & set(sys.modules))) or "neither")
+
+atexit.register(heavy)
+runpy.run_module("stability", run_name="__main__", alter_sys=True)
+"""
+
+
+@pytest.mark.parametrize("args", [["--help"], ["--version"], ["run", "--help"]], ids=" ".join)
+def test_help_and_version_answer_without_importing_tensorflow(tmp_path, args):
+    """TensorFlow takes seconds to import: a command that only prints must not wait for it."""
+    done = subprocess.run(
+        [sys.executable, "-c", HEAVY_AT_EXIT, *args],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "python -m stability" in done.stdout  # the usage, or the version line
+    assert done.stdout.splitlines()[-1] == "heavy: neither"
+
+
+def test_a_command_imports_tensorflow_once_it_runs(tmp_path):
+    """The probe above sees TensorFlow where a command loads it (``list`` needs the
+    registries, which build Keras layers)."""
+    done = subprocess.run(
+        [sys.executable, "-c", HEAVY_AT_EXIT, "list"],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.splitlines()[-1] == "heavy: keras,tensorflow"
+
+
+WHAT_EVERY_HELP_IMPORTS = """
+import sys
+from stability import cli
+
+for command in cli.COMMANDS:
+    try:
+        cli.main([command, "--help"])
+    except SystemExit:
+        pass
+print(",".join(sorted({"tensorflow", "keras"} & set(sys.modules))) or "neither")
+"""
+
+
+def test_no_command_s_help_imports_tensorflow(tmp_path):
+    done = subprocess.run(
+        [sys.executable, "-c", WHAT_EVERY_HELP_IMPORTS],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.count("usage: python -m stability") == len(cli.COMMANDS)
+    assert done.stdout.splitlines()[-1] == "neither"
+
+
+# --- progress bars ------------------------------------------------------------------------
+
+
+class Stderr(io.StringIO):
+    def __init__(self, terminal: bool):
+        super().__init__()
+        self.terminal = terminal
+
+    def isatty(self) -> bool:
+        return self.terminal
+
+
+@pytest.mark.parametrize("terminal", [True, False], ids=["terminal", "pipe"])
+@pytest.mark.parametrize("flags", [[], ["--no-progress"]], ids=["default", "no-progress"])
+def test_progress_bars_are_drawn_only_on_a_terminal(monkeypatch, terminal, flags):
+    from stability.commands.flags import show_progress
+
+    for command in ("run", "map", "claims", "spread", "hunt"):
+        target = [] if command == "claims" else ["c.toml"]
+        extra = ["--variant", "raw_e"] if command == "hunt" else []
+        args = cli._parser().parse_args([command, *target, *extra, *flags])
+        monkeypatch.setattr(sys, "stderr", Stderr(terminal))
+        assert show_progress(args) is (terminal and not flags), command
+
+
+def test_a_run_into_a_pipe_draws_no_progress_bar(case_file, tmp_path):
+    out = tmp_path / "out"
+    done = stability(
+        "run",
+        str(case_file),
+        "--out",
+        str(out),
+        "--variants",
+        "stable_softmax",
+        "--set",
+        "epochs=1",
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert (out / "tiny.csv").exists()
+    assert "%|" not in done.stderr and "run/s" not in done.stderr, done.stderr[-2000:]

@@ -5,6 +5,8 @@ verdicts come from the checks themselves: each test fails if the checker stops t
 stable softmax from a naive one.
 """
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -14,7 +16,8 @@ from stability.cli import main
 from stability.core.errors import StabilityError
 from stability.core.limits import exp_limits
 from stability.model.softmax import get_softmax
-from stability.testing import PROPERTIES
+from stability.testing import PROPERTIES, ConformanceError
+from stability.testing.implementation import probe
 
 STABLE, NAIVE = get_softmax("stable"), get_softmax("naive")
 
@@ -123,6 +126,10 @@ def raises(logits, segment_ids, num_segments):
     raise RuntimeError("boom")
 
 
+#: The edges of the probe input every softmax must handle first.
+EDGES = len(probe("float32", mask=False).logits)
+
+
 def wrong_shape(logits, segment_ids, num_segments):
     return tf.reshape(STABLE(logits, segment_ids, num_segments), [-1, 1])
 
@@ -135,7 +142,7 @@ def wrong_dtype(logits, segment_ids, num_segments):
     ("fn", "message"),
     [
         (raises, "raises raised RuntimeError: boom on a plain input"),
-        (wrong_shape, "returned output of shape [3, 1] for logits of shape [3]"),
+        (wrong_shape, f"returned output of shape [{EDGES}, 1] for logits of shape [{EDGES}]"),
         (wrong_dtype, "returned output of dtype float64 for float32 logits"),
         (42, "is not callable"),
     ],
@@ -150,7 +157,7 @@ def test_bad_softmax_is_one_line(fn, message):
 @pytest.mark.parametrize(
     ("target", "message"),
     [
-        ("no_such_module_here:fn", "module 'no_such_module_here' failed to import"),
+        ("no_such_module_here:fn", "target 'no_such_module_here' failed to import"),
         ("stability.model.softmax:no_such_fn", "has no 'no_such_fn'"),
         ("just_a_name", "must be MODULE:NAME"),
         ("tests.test_conformance:raises", "raised RuntimeError: boom"),
@@ -191,3 +198,88 @@ def test_a_softmax_that_changes_its_mind_fails_rather_than_crashing():
 
     report = stability.check_segment_softmax(flaky, dtypes=("float64",))
     assert not report.passed
+
+
+def per_segment(logits, segment_ids, num_segments):
+    """One value per segment (its largest logit), not one per edge."""
+    top = np.full(num_segments, -np.inf, np.asarray(logits).dtype)
+    np.maximum.at(top, np.asarray(segment_ids), np.asarray(logits))
+    return top
+
+
+def test_a_softmax_returning_one_value_per_segment_is_refused_naming_its_shape():
+    plain = probe("float32", mask=False)
+    assert plain.num_segments != len(plain.logits)  # else the shapes could not tell
+    with pytest.raises(ConformanceError) as error:
+        stability.check_segment_softmax(per_segment, dtypes=("float32",))
+    message = str(error.value)
+    assert f"returned output of shape [{plain.num_segments}]" in message, message
+    assert f"for logits of shape [{len(plain.logits)}]" in message, message
+    assert "one value per segment" in message and "\n" not in message
+
+
+# --- conformance targets: MODULE:NAME and FILE.py:NAME --------------------------------------
+
+MY_SOFTMAX = """
+from pathlib import Path
+
+import numpy as np
+
+
+def my_softmax(logits, segment_ids, num_segments):
+    top = np.full(num_segments, -np.inf, logits.dtype)
+    np.maximum.at(top, segment_ids, logits)
+    with np.errstate(over="ignore"):  # -max - max is -inf, whose exp is the right 0
+        exp = np.exp(logits - top[segment_ids])
+    total = np.zeros(num_segments, logits.dtype)
+    np.add.at(total, segment_ids, exp)
+    return exp / total[segment_ids]
+"""
+
+
+@pytest.fixture
+def softmax_file(tmp_path, monkeypatch, isolated_registries):
+    """``lib/my_softmax.py`` beside the working folder ``work``."""
+    (tmp_path / "lib").mkdir()
+    (tmp_path / "work").mkdir()
+    path = tmp_path / "lib" / "my_softmax.py"
+    path.write_text(MY_SOFTMAX)
+    monkeypatch.chdir(tmp_path / "work")
+    return path
+
+
+@pytest.mark.parametrize("form", ["relative", "absolute", "module"])
+def test_a_target_names_a_file_or_a_module(softmax_file, monkeypatch, form):
+    from stability.commands.conformance import _import_target
+
+    if form == "module":
+        monkeypatch.syspath_prepend(str(softmax_file.parent))
+    spec = {
+        "relative": "../lib/my_softmax.py",
+        "absolute": str(softmax_file),
+        "module": "my_softmax",
+    }[form]
+    fn = _import_target(f"{spec}:my_softmax")
+    assert fn.__name__ == "my_softmax" and fn.__module__ == "my_softmax"
+    assert Path(fn.__code__.co_filename).resolve() == softmax_file.resolve()
+
+
+def test_the_cli_checks_a_softmax_in_a_file_up_the_tree(softmax_file, capsys):
+    assert main(["conformance", "../lib/my_softmax.py:my_softmax", "--dtype", "float64"]) == 0
+    assert "my_softmax" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("target", "message"),
+    [
+        ("../lib/absent.py:my_softmax", "target '../lib/absent.py': no such .py file"),
+        ("../lib/my_softmax.py:my_sofmax", "has no 'my_sofmax'. Did you mean 'my_softmax'?"),
+        ("../lib/my_softmax.py", "must be MODULE:NAME or FILE.py:NAME"),
+    ],
+    ids=["missing file", "missing function", "no function"],
+)
+def test_a_bad_file_target_is_one_line(softmax_file, capsys, target, message):
+    assert main(["conformance", target, "--dtype", "float32"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("stability: error: ") and message in err, err
+    assert err.count("\n") == 1, err

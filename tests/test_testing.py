@@ -17,6 +17,7 @@ from hypothesis import settings
 import stability
 import stability.testing as testing
 from stability.core.errors import StabilityError
+from stability.core.results import RunResult
 from stability.model.softmax import get_softmax
 from stability.testing import assert_finite, assert_normalized
 from stability.testing.profiles import CONFORMANCE_SHARE, PROFILE_VARIABLE, profile_name
@@ -239,3 +240,70 @@ def test_the_documented_check_on_a_network(tiny_dataset, variant):
         doubled = np.asarray(alpha) * 2
         with pytest.raises(AssertionError, match="does not sum to 1"):
             assert_normalized(doubled, receivers, batch.num_nodes)
+
+
+# --- assert_runs_finite -----------------------------------------------------------------
+
+
+def planted_run(**failure) -> RunResult:
+    """A run's result with the failure columns given (none: it stayed finite)."""
+    return RunResult(
+        case="planted", variant="raw_e", seed=3, dataset="synthetic()", batch_size=16,
+        learning_rate=0.01, epochs=5, dtype="float32", **failure,
+    )  # fmt: skip
+
+
+PLANTED_FAILURE = {
+    "first_nan_epoch": 4,
+    "first_nan_step": 37,
+    "first_nan_where": "gradient",
+    "first_nan_layer": "message_passing_1",
+    "first_nan_op": "Exp (softmax_exp)",
+    "failure_cause": "gradient explosion",
+    "failure_kind": "normalization",
+}
+
+
+def test_finite_runs_pass_and_no_runs_fail():
+    testing.assert_runs_finite([planted_run(), planted_run()])
+    testing.assert_runs_finite(planted_run())  # one result alone
+    with pytest.raises(AssertionError, match="no runs to check"):
+        testing.assert_runs_finite([])
+
+
+def test_a_failed_run_is_named_with_its_epoch_step_stage_layer_op_and_cause():
+    failed = planted_run(**PLANTED_FAILURE)
+    with pytest.raises(AssertionError) as error:
+        testing.assert_runs_finite([planted_run(), failed])
+    first, line = str(error.value).splitlines()
+    assert first == "1 of 2 runs failed:"
+    assert f"{failed.variant} seed={failed.seed}" in line
+    for word, field in [
+        ("epoch", "first_nan_epoch"),
+        ("step", "first_nan_step"),
+        ("stage", "first_nan_where"),
+        ("layer", "first_nan_layer"),
+        ("op", "first_nan_op"),
+        ("cause", "failure_cause"),
+        ("kind", "failure_kind"),
+    ]:
+        assert f"{word} {getattr(failed, field)}" in line, (field, line)
+
+
+def test_a_real_failing_run_s_message(stability_run, tmp_path):
+    """On a run the harness trained and diagnosed (raw_e on edge distances up to 1000),
+    the message holds its columns."""
+    from test_quiet import FAILING_CASE
+
+    case = tmp_path / "failing.toml"
+    case.write_text(FAILING_CASE)
+    [run] = stability_run(case)
+    assert run.first_nan_where and run.first_nan_layer and run.first_nan_op  # diagnosed
+    with pytest.raises(AssertionError) as error:
+        testing.assert_runs_finite([run])
+    message = str(error.value)
+    for value in (run.first_nan_epoch, run.first_nan_where, run.first_nan_layer):
+        assert str(value) in message, message
+    assert f"op {run.first_nan_op}, cause {run.failure_cause}" in message, message
+    # docs/testing.md shows this very message.
+    assert message in (Path(ROOT) / "docs" / "testing.md").read_text(encoding="utf-8"), message

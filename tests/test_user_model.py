@@ -277,7 +277,8 @@ class OneOutput(keras.Model):
 
     def call(self, inputs):
         h = self.embed(inputs["nodes"])
-        return self.head(tf.math.unsorted_segment_mean(h, inputs["node_graph"], inputs["num_graphs"]))
+        pooled = tf.math.unsorted_segment_mean(h, inputs["node_graph"], inputs["num_graphs"])
+        return self.head(pooled)
 
 
 @register_variant

@@ -4,12 +4,12 @@
 from __future__ import annotations
 
 import argparse
-import importlib
-import os
 import sys
+from typing import Any
 
 from stability.commands.flags import add_plugin_flag
-from stability.core.errors import StabilityError
+from stability.core.errors import StabilityError, did_you_mean
+from stability.core.plugins import import_spec
 
 
 def add_conformance_parser(sub: argparse._SubParsersAction) -> None:
@@ -24,7 +24,10 @@ def add_conformance_parser(sub: argparse._SubParsersAction) -> None:
         "reference (docs/conformance.md).",
     )
     conformance.add_argument(
-        "target", metavar="MODULE:NAME", help="the softmax, e.g. my_module:my_softmax"
+        "target",
+        metavar="MODULE:NAME",
+        help="the softmax: a module and its function, e.g. my_module:my_softmax, or a .py "
+        "file and its function, e.g. ../lib/my_softmax.py:my_softmax",
     )
     conformance.add_argument(
         "--dtype",
@@ -53,24 +56,25 @@ def conformance_command(args: argparse.Namespace) -> int:
     return 0 if report.passed else 1
 
 
-def _import_target(target: str):
-    """The object ``module:name`` names; a factory marked by ``stability.testing.adapters.adapter``
-    is called for its ``Implementation``."""
-    module_name, _, name = target.partition(":")
-    if not module_name or not name:
-        raise StabilityError(f"{target!r} must be MODULE:NAME, e.g. my_module:my_softmax")
-    if os.getcwd() not in sys.path:  # like `python -m`: a module beside you can be named
-        sys.path.insert(0, os.getcwd())
-    try:
-        module = importlib.import_module(module_name)
-    except Exception as exc:
+def _import_target(target: str) -> Any:
+    """The object ``MODULE:NAME`` or ``FILE.py:NAME`` names (a file relative to the working
+    folder, or absolute); a factory marked by ``stability.testing.adapters.adapter`` is
+    called for its ``Implementation``."""
+    module_spec, _, name = target.rpartition(":")  # the last colon: a path may hold one
+    if not module_spec or not name:
         raise StabilityError(
-            f"{target}: module {module_name!r} failed to import: {type(exc).__name__}: {exc}"
-        ) from None
-    try:
-        obj = module
-        for part in name.split("."):
-            obj = getattr(obj, part)
-    except AttributeError:
-        raise StabilityError(f"{target}: module {module_name!r} has no {name!r}") from None
+            f"{target!r} must be MODULE:NAME or FILE.py:NAME, e.g. my_module:my_softmax or "
+            "../lib/my_softmax.py:my_softmax"
+        )
+    module = sys.modules[import_spec(module_spec, what="conformance target")]
+    obj: Any = module
+    for depth, part in enumerate(name.split(".")):
+        if not hasattr(obj, part):
+            known = [n for n in dir(obj) if not n.startswith("_")]
+            where = module_spec if depth == 0 else ".".join(name.split(".")[:depth])
+            raise StabilityError(
+                f"conformance target {target!r}: {where} has no {part!r}."
+                f"{did_you_mean(part, known)} It defines: {', '.join(known) or 'nothing'}."
+            )
+        obj = getattr(obj, part)
     return obj() if getattr(obj, "makes_implementation", False) else obj

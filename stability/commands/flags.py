@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 from pathlib import Path
 
 from stability.core.errors import StabilityError
@@ -56,7 +57,7 @@ def add_run_flags(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="discard the runs already in <case>.csv and <case>.history.csv",
     )
-    parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+    add_progress_flag(parser)
     parser.add_argument(
         "--jit-compile",
         action="store_true",
@@ -103,6 +104,20 @@ def add_run_flags(parser: argparse.ArgumentParser) -> None:
         "moves the rows (each records its layout in the environment column): use it to "
         "measure the rounding spread, not for speed; --workers trains runs side by side",
     )
+
+
+def add_progress_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--no-progress",
+        action="store_true",
+        help="no progress bars (they are drawn only when stderr is a terminal)",
+    )
+
+
+def show_progress(args: argparse.Namespace) -> bool:
+    """Whether to draw progress bars: only where someone watches them, on a terminal. Into
+    a pipe or a log file (CI, ``2> log``) each redraw would be one more line."""
+    return not args.no_progress and sys.stderr.isatty()
 
 
 def positive_int(text: str) -> int:

@@ -74,6 +74,7 @@ def add_hunt_parser(
 def hunt_command(args: argparse.Namespace) -> int:
     from tqdm.auto import tqdm
 
+    from stability.commands.flags import show_progress
     from stability.core.plugins import is_path
     from stability.report.hunt_report import write_hunt_report
     from stability.sweep.cases import load_case
@@ -87,7 +88,7 @@ def hunt_command(args: argparse.Namespace) -> int:
         total=args.budget,
         desc=f"hunt {args.variant}",
         unit="training",
-        disable=True if args.no_progress else None,  # None: only on a terminal
+        disable=not show_progress(args),
         dynamic_ncols=True,
     )
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from stability.commands.flags import add_run_flags, check_writable
+from stability.commands.flags import add_run_flags, check_writable, show_progress
 from stability.commands.run import cluster_of, report_description
 
 
@@ -45,7 +45,7 @@ def map_command(args: argparse.Namespace) -> int:
             rows = run_map(
                 m,
                 args.out,
-                progress=not args.no_progress,
+                progress=show_progress(args),
                 resume=args.resume,
                 overwrite=args.overwrite,
                 workers=args.workers,

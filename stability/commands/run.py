@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from stability.commands.flags import add_run_flags, check_writable
+from stability.commands.flags import add_run_flags, check_writable, show_progress
 from stability.core.errors import StabilityError
 from stability.core.limits import exp_limits
 
@@ -76,7 +76,7 @@ def run_cases(cases: Sequence[Case], args: argparse.Namespace) -> None:
             run_case(
                 case,
                 args.out,
-                progress=not args.no_progress,
+                progress=show_progress(args),
                 resume=args.resume,
                 overwrite=args.overwrite,
                 workers=args.workers,

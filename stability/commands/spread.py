@@ -6,7 +6,14 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from stability.commands.flags import add_plugin_flag, add_set_flag, check_writable, positive_int
+from stability.commands.flags import (
+    add_plugin_flag,
+    add_progress_flag,
+    add_set_flag,
+    check_writable,
+    positive_int,
+    show_progress,
+)
 from stability.commands.run import variant_list
 from stability.core.errors import StabilityError
 
@@ -47,7 +54,7 @@ def add_spread_parser(sub: argparse._SubParsersAction) -> None:
     spread.add_argument(
         "--resume", action="store_true", help="keep the reruns already trained under --out"
     )
-    spread.add_argument("--no-progress", action="store_true", help="no progress bars")
+    add_progress_flag(spread)
     add_plugin_flag(spread)
     add_set_flag(spread)
 
@@ -91,7 +98,7 @@ def spread_command(args: argparse.Namespace) -> int:
         run_case(
             replace(case, threads=threads),
             folder,
-            progress=not args.no_progress,
+            progress=show_progress(args),
             resume=args.resume,
             overwrite=not args.resume,
             workers=args.workers,

@@ -19,10 +19,15 @@ class NameNotFound(StabilityError):
 
     def __init__(self, kind: str, name: str, known: Iterable[str]):
         known = sorted(known)
-        close = difflib.get_close_matches(name, known, n=1)
-        hint = f" Did you mean {close[0]!r}?" if close else ""
+        hint = did_you_mean(name, known)
         super().__init__(f"unknown {kind} {name!r}.{hint} Known: {', '.join(known)}.")
         self.kind, self.name, self.known = kind, name, known
+
+
+def did_you_mean(name: str, known: Iterable[str]) -> str:
+    """`` Did you mean 'x'?`` for the known name closest to ``name``, or "" when none is."""
+    close = difflib.get_close_matches(name, list(known), n=1)
+    return f" Did you mean {close[0]!r}?" if close else ""
 
 
 class ModelError(StabilityError):

@@ -26,17 +26,23 @@ def is_path(spec: str) -> bool:
 def load_plugin(spec: str, base_dir: Path | None = None) -> str:
     """Import the plugin ``spec`` (a module name, or a ``.py`` path relative to ``base_dir``,
     default the working folder) and return its module name."""
-    if is_path(spec):
-        name = _import_file(spec, base_dir)
-    else:
-        # The working folder is importable, as with `python -m`, so a module beside the
-        # case files can be named without installing it.
-        if os.getcwd() not in sys.path:
-            sys.path.insert(0, os.getcwd())
-        name = _import(spec, spec)
+    name = import_spec(spec, base_dir)
     if spec not in _loaded:
         _loaded.append(spec)
     return name
+
+
+def import_spec(spec: str, base_dir: Path | None = None, what: str = "plugin") -> str:
+    """Import ``spec``, a module name or a ``.py`` path relative to ``base_dir`` (default
+    the working folder), and return its module name; a one-line ``StabilityError`` naming
+    ``what`` it was (a plugin, a conformance target) when it cannot be imported."""
+    if is_path(spec):
+        return _import_file(spec, base_dir, what)
+    # The working folder is importable, as with `python -m`, so a module beside the case
+    # files can be named without installing it.
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    return _import(spec, spec, what)
 
 
 def loaded_plugins() -> list[str]:
@@ -63,20 +69,20 @@ def forget_loaded() -> None:
     _loaded.clear()
 
 
-def _import_file(spec: str, base_dir: Path | None) -> str:
+def _import_file(spec: str, base_dir: Path | None, what: str) -> str:
     path = Path(spec)
     if not path.is_absolute():
         path = (base_dir or Path.cwd()) / path
     path = path.resolve()
     if path.suffix != ".py" or not path.is_file():
         raise StabilityError(
-            f"plugin {spec!r}: no such .py file ({path}); expected a module name or a path to "
+            f"{what} {spec!r}: no such .py file ({path}); expected a module name or a path to "
             "a .py file"
         )
     name = path.stem
     if not name.isidentifier():
         raise StabilityError(
-            f"plugin {spec!r}: {path.name} cannot be imported as a module; rename it to "
+            f"{what} {spec!r}: {path.name} cannot be imported as a module; rename it to "
             "letters, digits and _"
         )
     existing = sys.modules.get(name)
@@ -85,21 +91,21 @@ def _import_file(spec: str, base_dir: Path | None) -> str:
         if origin is not None and Path(origin).resolve() == path:
             return name
         raise StabilityError(
-            f"plugin {spec!r}: a module named {name!r} is already imported from "
+            f"{what} {spec!r}: a module named {name!r} is already imported from "
             f"{origin or 'Python itself'}; rename {path.name}"
         )
     if str(path.parent) not in sys.path:
         sys.path.insert(0, str(path.parent))
-    return _import(spec, name)
+    return _import(spec, name, what)
 
 
-def _import(spec: str, name: str) -> str:
+def _import(spec: str, name: str, what: str) -> str:
     try:
         importlib.import_module(name)
     except StabilityError as exc:  # the plugin's own registration refused something
-        raise StabilityError(f"plugin {spec!r}: {exc}") from None
+        raise StabilityError(f"{what} {spec!r}: {exc}") from None
     except Exception as exc:
         raise StabilityError(
-            f"plugin {spec!r} failed to import: {type(exc).__name__}: {exc}"
+            f"{what} {spec!r} failed to import: {type(exc).__name__}: {exc}"
         ) from exc
     return name

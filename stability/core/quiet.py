@@ -1,8 +1,13 @@
-"""Silencing TensorFlow's C++ start-up notices while it loads.
+"""Silencing TensorFlow's C++ log where it would only repeat what the harness says.
 
 TensorFlow writes its start-up notices (oneDNN, CUDA probing) through absl before any log
 level applies, so no environment variable hides them; they would bury the CLI's one-line
-errors and every worker's output. Python-level errors surface after stderr is restored.
+errors and every worker's output. A replay (``stability.train.replay``) ends in a
+``check_numerics`` error that TensorFlow's C++ runtime also logs, some 70 lines, which
+``TF_CPP_MIN_LOG_LEVEL`` hides only when set before TensorFlow loads, and TensorFlow has no
+public call to change its C++ log level later; the replay turns that error into one line.
+So both point file descriptor 2 away for the moment they run. Python-level errors surface
+after stderr is restored.
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
 """What your own tests call: the segment softmax conformance suite, the Hypothesis
-strategies and profiles, and assertions whose messages show the values.
+strategies and profiles, assertions whose messages show the values, and a small case
+that trains in seconds.
 
 As ``numpy.testing`` and ``hypothesis.extra`` do, this package is the testing surface,
 apart from the harness's internals; what it re-exports below (``__all__``) is public.
@@ -9,7 +10,7 @@ The adapters for public softmaxes (TF-GNN, Spektral, jraph) are imported only wh
 
 from stability.data.strategies import datasets, edge_distances, graphs
 from stability.model.softmax_inputs import SoftmaxInput, softmax_inputs
-from stability.testing.assertions import assert_finite, assert_normalized
+from stability.testing.assertions import assert_finite, assert_normalized, assert_runs_finite
 from stability.testing.conformance import (
     ConformanceReport,
     PropertyResult,
@@ -31,12 +32,14 @@ from stability.testing.profiles import (
     register_profiles,
 )
 from stability.testing.properties import PROPERTIES
+from stability.testing.small_case import SMALL_CASE
 from stability.testing.tolerance import DEFAULT_ULPS
 
 __all__ = [
     "DEFAULT_ULPS",
     "PROFILE_NAMES",
     "PROPERTIES",
+    "SMALL_CASE",
     "ConformanceError",
     "ConformanceReport",
     "Implementation",
@@ -45,6 +48,7 @@ __all__ = [
     "as_implementation",
     "assert_finite",
     "assert_normalized",
+    "assert_runs_finite",
     "assert_segment_softmax_conforms",
     "check_segment_softmax",
     "conformance_examples",

@@ -4,15 +4,19 @@
 ``AssertionError`` naming the first offending entry or segment and its values;
 ``nonfinite`` and ``unnormalized`` are the checks behind them, which the conformance
 suite uses to find a failing edge. Each takes NumPy arrays or anything ``np.asarray``
-reads (a ``tf.Tensor`` in eager mode included).
+reads (a ``tf.Tensor`` in eager mode included). ``assert_runs_finite(results)`` does the
+same for trained runs (``RunResult``s, as the ``stability_run`` fixture returns them):
+it names each failing run's epoch, step, stage, layer, op and cause.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
 
+from stability.core.failures import Kind
 from stability.testing.tolerance import DEFAULT_ULPS, sum_tolerance
 
 #: How many values a message shows before it elides the rest.
@@ -123,3 +127,42 @@ def _assert_head_normalized(
         f"{float(sum_tolerance(alpha.dtype, counts[node], ulps))!r} for {int(counts[node])} "
         f"edges), edges {_shown(edges)} with alpha {_shown(alpha[edges])}"
     )
+
+
+def assert_runs_finite(results: Any | Iterable[Any]) -> None:
+    """``AssertionError`` unless every run (a ``RunResult`` or several) trained without a
+    failure; the message counts the failed runs and gives, for each (the first
+    ``_SHOWN``), the run, its first failure's epoch and step, stage (``first_nan_where``),
+    layer, op and cause (``failure_cause``). No runs at all is a failure too: a test that
+    trained nothing checked nothing."""
+    runs = [results] if hasattr(results, "first_nan_epoch") else list(results)
+    if not runs:
+        raise AssertionError("no runs to check: the case trained nothing")
+    failed = [run for run in runs if run.first_nan_epoch is not None]
+    if not failed:
+        return
+    lines = [f"{len(failed)} of {len(runs)} runs failed:"]
+    lines += [f"  {_describe_failure(run)}" for run in failed[:_SHOWN]]
+    if len(failed) > _SHOWN:
+        lines.append(f"  ... ({len(failed) - _SHOWN} more)")
+    raise AssertionError("\n".join(lines))
+
+
+def _describe_failure(run: Any) -> str:
+    """One line: the run, then where and why it first failed (its result's columns)."""
+    label = f"{run.variant} seed={run.seed} bs={run.batch_size} lr={run.learning_rate:g}"
+    parts = [
+        f"epoch {run.first_nan_epoch}",
+        f"step {_or_dash(run.first_nan_step)}",
+        f"stage {_or_dash(run.first_nan_where)}",
+        f"layer {_or_dash(run.first_nan_layer)}",
+        f"op {_or_dash(run.first_nan_op)}",
+        f"cause {_or_dash(run.failure_cause)}",
+    ]
+    if run.failure_kind not in (None, Kind.NONFINITE):
+        parts.append(f"kind {run.failure_kind}")
+    return f"{label}: " + ", ".join(parts)
+
+
+def _or_dash(value: Any) -> str:
+    return "-" if value is None or value == "" else str(value)

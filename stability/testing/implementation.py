@@ -3,7 +3,7 @@
 ``as_implementation(fn)`` probes ``fn`` on a small input and wraps it: a TensorFlow ``fn``
 gets gradients by ``tf.GradientTape``, a NumPy one has none; JAX and others come in as an
 ``Implementation`` (``stability.testing.adapters``). ``check_output`` holds every output
-to the logits' shape ``[num_edges]`` and dtype.
+to the logits' shape (``[num_edges]``, or ``[num_edges, heads]``) and dtype.
 """
 
 from __future__ import annotations
@@ -75,15 +75,16 @@ def _name_of(fn: Any, name: str | None) -> str:
 
 
 def probe(dtype: str, mask: bool) -> SoftmaxInput:
-    """A small input every segment softmax must handle: two edges into segment 0, one into
-    2, segment 1 empty."""
+    """A small input every segment softmax must handle: two edges into segment 0, two into
+    2, segment 1 empty. Four edges in three segments: an output of one value per segment
+    has another shape than the logits, so ``check_output`` tells it from one per edge."""
     kind = np.dtype(dtype).type
     return SoftmaxInput(
-        logits=np.array([0.5, -0.25, 1.0], kind),
-        segment_ids=np.array([0, 0, 2], np.int32),
+        logits=np.array([0.5, -0.25, 1.0, 0.0], kind),
+        segment_ids=np.array([0, 0, 2, 2], np.int32),
         num_segments=3,
-        mask=np.array([True, True, True]) if mask else None,
-        messages=np.array([1.0, -0.5, 0.25], kind),
+        mask=np.array([True, True, True, True]) if mask else None,
+        messages=np.array([1.0, -0.5, 0.25, -1.0], kind),
     )
 
 
@@ -125,9 +126,13 @@ def check_output(x: SoftmaxInput, out: Any, what: str) -> np.ndarray:
     """``out`` as a NumPy array; ``ConformanceError`` if its shape or dtype is not ``x``'s."""
     array = np.asarray(out.numpy() if hasattr(out, "numpy") else out)
     if array.shape != x.logits.shape:
+        per_segment = array.shape[:1] == (x.num_segments,) and x.num_segments != len(x.logits)
         raise ConformanceError(
             f"returned {what} of shape {list(array.shape)} for logits of shape "
-            f"{list(x.logits.shape)}; it must be [num_edges], the logits' shape"
+            f"{list(x.logits.shape)} ({len(x.logits)} edges in {x.num_segments} segments)"
+            f"{', one value per segment' if per_segment else ''}; it must be the logits' "
+            "shape, one value per edge: [num_edges], or [num_edges, heads] for logits of "
+            "that shape"
         )
     if array.dtype != x.logits.dtype:
         raise ConformanceError(

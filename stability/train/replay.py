@@ -25,6 +25,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from stability.core.quiet import stderr_silenced
 from stability.train.failing_op import LOSS_SCOPE, failing_node, site_from_error
 from stability.train.keras_layers import layer_names
 from stability.train.site import (
@@ -139,7 +140,9 @@ def first_check_error(fn: Callable[[Any], Any], inputs: Any) -> tuple[str, tf.Gr
     traced = tf.function(fn, jit_compile=False)
     tf.debugging.enable_check_numerics()
     try:
-        with one_off_traces():
+        # The failing check's error, some 70 lines, is also logged by TensorFlow's C++
+        # runtime straight to file descriptor 2, before the harness's one line says the same.
+        with one_off_traces(), stderr_silenced():
             traced(inputs)
     except tf.errors.InvalidArgumentError as error:
         return str(error), traced.get_concrete_function(inputs).graph
