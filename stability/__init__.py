@@ -28,7 +28,7 @@ _EXPORTS = {  # public name -> module that defines it
     "GraphBatch": "data.graphs",
     "batch_graphs": "data.graphs",
     "save_graphs": "data.npz",
-    "keras_input": "data.keras_input",
+    "keras_input": "train.keras_input",
     "RESULT_FIELDS": "core.results",
     "RunResult": "core.results",
     "Trainer": "train.trainer",

@@ -49,9 +49,26 @@ def test_run_writes_csv_history_and_markdown(case_file, tmp_path):
     markdown = (out / "tiny.md").read_text()
     assert "| raw_e" in markdown and "NaN in" in markdown
 
-    again = stability("report", str(out / "tiny.csv"), "--out", str(tmp_path / "md"), cwd=tmp_path)
+    # With the case, report renders the run's markdown again, the data sets' rows included.
+    again = stability(
+        "report",
+        str(out / "tiny.csv"),
+        "--case",
+        str(case_file),
+        "--out",
+        str(tmp_path / "md"),
+        cwd=tmp_path,
+    )
     assert again.returncode == 0, again.stderr
     assert (tmp_path / "md" / "tiny.md").read_text() == markdown, "report must follow the CSV"
+    # From the CSV alone it has no data sets to describe: the same report without their rows.
+    alone = stability(
+        "report", str(out / "tiny.csv"), "--out", str(tmp_path / "alone"), cwd=tmp_path
+    )
+    assert alone.returncode == 0, alone.stderr
+    text = (tmp_path / "alone" / "tiny.md").read_text()
+    assert "graphs (train / validation)" in markdown and "graphs (train / validation)" not in text
+    assert text.split("## Variants")[1] == markdown.split("## Variants")[1]
 
 
 def test_jit_compile_flag_trains_with_xla_and_matches_the_plain_rows(
