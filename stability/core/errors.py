@@ -24,10 +24,11 @@ class NameNotFound(StabilityError):
         self.kind, self.name, self.known = kind, name, known
 
 
-def did_you_mean(name: str, known: Iterable[str]) -> str:
-    """`` Did you mean 'x'?`` for the known name closest to ``name``, or "" when none is."""
+def did_you_mean(name: str, known: Iterable[str], prefix: str = "") -> str:
+    """`` Did you mean 'x'?`` for the known name closest to ``name``, or "" when none is;
+    ``prefix`` goes before the name (a case key's table: ``dataset.'seed'``)."""
     close = difflib.get_close_matches(name, list(known), n=1)
-    return f" Did you mean {close[0]!r}?" if close else ""
+    return f" Did you mean {prefix}{close[0]!r}?" if close else ""
 
 
 class ModelError(StabilityError):

@@ -8,7 +8,6 @@ is accepted. The keys themselves, their defaults and what they accept are declar
 
 from __future__ import annotations
 
-import difflib
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -20,7 +19,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - exercised by the 3.10 tox environment
     import tomli as tomllib
 
-from stability.core.errors import CaseError, NameNotFound, StabilityError
+from stability.core.errors import CaseError, NameNotFound, StabilityError, did_you_mean
 from stability.core.plugins import load_plugin, plugin_hint
 from stability.data import dataset_parameters, list_datasets
 from stability.model.variants import get_variant, list_variants
@@ -218,8 +217,7 @@ def _dataset(source: str, table: dict[str, Any]) -> tuple[str, dict[str, Any]]:
 def _check_keys(source: str, prefix: str, table: Mapping[str, Any], known: list[str]) -> None:
     for key in table:
         if key not in known:
-            close = difflib.get_close_matches(key, known, n=1)
-            hint = f" Did you mean {prefix}{close[0]!r}?" if close else ""
+            hint = did_you_mean(key, known, prefix)
             raise CaseError(
                 f"{source}: unknown key {prefix}{key!r}.{hint} Valid keys: {', '.join(known)}."
             )
