@@ -19,14 +19,14 @@ ROOT = Path(__file__).parent.parent
 
 def stability(*args, cwd, python=()):
     """``python *python -m stability *args``: ``python`` holds the interpreter's own flags."""
+    return python_code(*python, "-m", "stability", *args, cwd=cwd)
+
+
+def python_code(*args, cwd):
+    """``python *args`` with this tree importable, its output captured."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     return subprocess.run(
-        [sys.executable, *python, "-m", "stability", *args],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
+        [sys.executable, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=300
     )
 
 
@@ -185,14 +185,7 @@ runpy.run_module("stability", run_name="__main__", alter_sys=True)
 @pytest.mark.parametrize("args", [["--help"], ["--version"], ["run", "--help"]], ids=" ".join)
 def test_help_and_version_answer_without_importing_tensorflow(tmp_path, args):
     """TensorFlow takes seconds to import: a command that only prints must not wait for it."""
-    done = subprocess.run(
-        [sys.executable, "-c", HEAVY_AT_EXIT, *args],
-        cwd=tmp_path,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    done = python_code("-c", HEAVY_AT_EXIT, *args, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "python -m stability" in done.stdout  # the usage, or the version line
     assert done.stdout.splitlines()[-1] == "heavy: neither"
@@ -201,14 +194,7 @@ def test_help_and_version_answer_without_importing_tensorflow(tmp_path, args):
 def test_a_command_imports_tensorflow_once_it_runs(tmp_path):
     """The probe above sees TensorFlow where a command loads it (``list`` needs the
     registries, which build Keras layers)."""
-    done = subprocess.run(
-        [sys.executable, "-c", HEAVY_AT_EXIT, "list"],
-        cwd=tmp_path,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    done = python_code("-c", HEAVY_AT_EXIT, "list", cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.splitlines()[-1] == "heavy: keras,tensorflow"
 
@@ -227,14 +213,7 @@ print(",".join(sorted({"tensorflow", "keras"} & set(sys.modules))) or "neither")
 
 
 def test_no_command_s_help_imports_tensorflow(tmp_path):
-    done = subprocess.run(
-        [sys.executable, "-c", WHAT_EVERY_HELP_IMPORTS],
-        cwd=tmp_path,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    done = python_code("-c", WHAT_EVERY_HELP_IMPORTS, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.count("usage: python -m stability") == len(cli.COMMANDS)
     assert done.stdout.splitlines()[-1] == "neither"
