@@ -1,4 +1,5 @@
-"""``python -m stability run|map|list|report|compare|claims|conformance|spread|hunt``: the CLI.
+"""``python -m stability run|map|list|report|compare|claims|conformance|spread|hunt|doctor``:
+the CLI.
 
 TensorFlow loads only after the command line parsed (``stability.commands.startup``), so
 ``--help`` and ``--version`` answer at once.
@@ -18,6 +19,7 @@ from collections.abc import Callable, Sequence
 
 from stability.commands.claims import add_claims_parser, claims_command
 from stability.commands.conformance import add_conformance_parser, conformance_command
+from stability.commands.doctor import add_doctor_parser, doctor_command
 from stability.commands.flags import add_plugin_flag, add_set_flag, positive_int
 from stability.commands.hunt import add_hunt_parser, hunt_command
 from stability.commands.listing import (
@@ -46,6 +48,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "conformance": conformance_command,
     "spread": spread_command,
     "hunt": hunt_command,
+    "doctor": doctor_command,
 }
 
 
@@ -67,6 +70,7 @@ def _parser() -> argparse.ArgumentParser:
     add_conformance_parser(sub)
     add_spread_parser(sub)
     add_hunt_parser(sub, positive_int, add_plugin_flag, add_set_flag)
+    add_doctor_parser(sub)
     return parser
 
 

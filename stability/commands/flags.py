@@ -35,14 +35,12 @@ def add_set_flag(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def add_run_flags(parser: argparse.ArgumentParser) -> None:
-    """Flags shared by ``run`` and ``claims``."""
-    parser.add_argument(
-        "--out",
-        type=Path,
-        default=Path("reports"),
-        help="folder for <case>.csv, <case>.history.csv, <case>.md (default: reports)",
-    )
+def add_run_flags(
+    parser: argparse.ArgumentParser,
+    out_help: str = "folder for <case>.csv, <case>.history.csv, <case>.md (default: reports)",
+) -> None:
+    """Flags shared by ``run``, ``claims`` and ``doctor``."""
+    parser.add_argument("--out", type=Path, default=Path("reports"), help=out_help)
     add_plugin_flag(parser)
     add_set_flag(parser)
     existing = parser.add_mutually_exclusive_group()

@@ -37,3 +37,8 @@ class ModelError(StabilityError):
 
 class DataError(StabilityError):
     """Graph data that is malformed before any training happens."""
+
+
+class RemedyError(StabilityError):
+    """A doctor's remedy that cannot be applied to a variant (a softmax remedy on a model
+    with no registered softmax, say): the doctor reports it as not applicable."""

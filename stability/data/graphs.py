@@ -125,11 +125,14 @@ def batch_graphs(
     )
 
 
-def validate_graph(graph: Graph, index: int, allow_nonfinite: bool = False) -> None:
+def validate_graph(
+    graph: Graph, index: int, allow_nonfinite: bool = False, allow_negative: bool = False
+) -> None:
     """Raise ``DataError`` naming graph ``index`` and the field if ``graph`` is malformed.
 
     With ``allow_nonfinite``, NaN and +-Inf values pass (``nonfinite_field`` finds them);
-    shapes, edge endpoints and negative distances are checked either way.
+    shapes and edge endpoints are checked either way, and negative distances unless
+    ``allow_negative`` (edges that are a transformed feature, not a distance).
     """
     where = graph_label(graph, index)
     if graph.nodes.ndim != 2:
@@ -149,7 +152,7 @@ def validate_graph(graph: Graph, index: int, allow_nonfinite: bool = False) -> N
     if field is not None and not allow_nonfinite:
         raise DataError(nonfinite_message(graph, index, field))
     finite = graph.edges[np.isfinite(graph.edges)]
-    if (finite < 0).any():
+    if not allow_negative and (finite < 0).any():
         raise DataError(f"{where}: edges hold negative distances (min {finite.min():g})")
 
 

@@ -47,6 +47,9 @@ class Dataset:
     train: list[Graph]
     val: list[Graph]
     cutoff: float | None = None
+    #: The edges are a transformed feature (``stability.data.edge_transform``), not
+    #: distances: negative values are allowed.
+    signed_edges: bool = False
     target_mean: float = field(init=False)
     target_std: float = field(init=False)
     edge_mean: float = field(init=False)
@@ -69,7 +72,7 @@ class Dataset:
         object.__setattr__(self, "nonfinite_input", None)
         for index, graph in enumerate(graphs):
             try:
-                validate_graph(graph, index, allow_nonfinite=True)
+                validate_graph(graph, index, allow_nonfinite=True, allow_negative=self.signed_edges)
             except DataError as exc:
                 raise DataError(f"data set {self.key}: {exc}") from None
             features = graph.nodes.shape[1]

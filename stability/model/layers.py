@@ -104,6 +104,16 @@ class AttentionMessagePassing(keras.layers.Layer):
             self.hidden, activation="relu", name="message", dtype=self.dtype_policy
         )
 
+    def use_softmax(self, name: str) -> None:
+        """Switch to the registered softmax ``name`` (the doctor's stable-softmax remedy)."""
+        self._softmax_fn = get_softmax(name)
+        self.softmax = name
+
+    def use_logit_transform(self, name: str) -> None:
+        """Switch to the registered logit transform ``name`` (the doctor's logit remedy)."""
+        self._transform_fn = get_logit_transform(name)
+        self.logit_transform = name
+
     def build(self, input_shape: Any = None, edge_width: int = 1) -> None:
         z_shape = (None, self.hidden + edge_width)
         self.net.build(z_shape)

@@ -1,7 +1,8 @@
 """Logit transforms: a function applied to every attention logit before the segment softmax.
 
 ``create_recipe(ctx, logit_transform="name")`` picks one by name; ``"none"`` (the default)
-leaves the logits as ``Net`` computed them. Register your own in a plugin::
+leaves the logits as ``Net`` computed them, and ``"tanh_cap"`` bounds them (the doctor's
+logit-transform remedy). Register your own in a plugin::
 
     import tensorflow as tf
     from stability import register_logit_transform
@@ -31,8 +32,19 @@ def no_transform(logits: tf.Tensor) -> tf.Tensor:
     return logits
 
 
+#: The bound of ``tanh_cap``: ``exp(5) * 256`` edges into one node is 38,000, below even
+#: float16's largest 65,504, and ``exp(-5)`` is far above every dtype's smallest normal.
+TANH_CAP = 5.0
+
+
+def tanh_cap(logits: tf.Tensor) -> tf.Tensor:
+    """``5 tanh(logit / 5)``: every logit inside (-5, 5), so the naive softmax's ``exp`` can
+    neither overflow nor vanish; near 0 the logits are unchanged (tanh(x) ~ x)."""
+    return TANH_CAP * tf.tanh(logits / TANH_CAP)
+
+
 _transforms: Registry[LogitTransform] = Registry(  # name -> transform
-    "logit transform", {"none": no_transform}
+    "logit transform", {"none": no_transform, "tanh_cap": tanh_cap}
 )
 
 

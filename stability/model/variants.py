@@ -25,11 +25,15 @@ from typing import Any
 import keras
 import tensorflow as tf
 
+from stability.core.errors import StabilityError
 from stability.core.registry import Registry
 from stability.model.losses import robust_loss
 from stability.model.network import GraphNetwork
 
 Loss = Callable[[tf.Tensor, tf.Tensor], tf.Tensor]
+
+#: What joins a variant's name and a remedy's in the name of the remedied variant.
+REMEDY_MARK = "+"
 GradientTransform = Callable[[list[tf.Tensor]], list[tf.Tensor]]
 
 
@@ -63,9 +67,14 @@ class Recipe:
 
 @dataclass(frozen=True)
 class Variant:
+    """A named builder. ``adjust``, where set, changes the recipe once its model is built
+    and checked (``Trainer.build``): a doctor's remedy (``stability.model.remedies``) that
+    needs the model's weights to exist, such as a kernel constraint, is one."""
+
     name: str
     description: str
     build: Callable[[BuildContext], Recipe]
+    adjust: Callable[[Recipe, BuildContext], Recipe] | None = None
 
 
 _variants: Registry[Variant] = Registry("variant")  # name -> Variant
@@ -84,6 +93,11 @@ def register_variant(
 
     def decorate(builder: Callable[[BuildContext], Recipe]) -> Callable[[BuildContext], Recipe]:
         key = name or builder.__name__
+        if REMEDY_MARK in key:
+            raise StabilityError(
+                f"variant name {key!r}: {REMEDY_MARK!r} is reserved for remedied variants "
+                "(raw_e+clip); choose a name without it"
+            )
         text = description if description is not None else _first_line(builder.__doc__)
         _variants.add(key, Variant(key, text, builder), owner=builder)
         return builder
@@ -92,7 +106,14 @@ def register_variant(
 
 
 def get_variant(name: str) -> Variant:
-    """The variant called ``name``; an unknown name raises ``NameNotFound`` with a suggestion."""
+    """The variant called ``name``; an unknown name raises ``NameNotFound`` with a suggestion.
+
+    ``base+remedy`` names the registered variant ``base`` with one of the doctor's model
+    remedies applied (``stability.model.remedies``): ``raw_e+clip``."""
+    if REMEDY_MARK in name:
+        from stability.model.remedies import remedied_variant  # it builds on this module
+
+        return remedied_variant(name)
     return _variants.get(name)
 
 

@@ -51,6 +51,8 @@ class Case:
     #: How many data sets to train every run on: data set k is built with seed
     #: ``dataset.seed + k`` (one draw per seed for the ``generated`` data set).
     num_datasets: int = default("num_datasets")
+    #: How every edge distance is transformed before training (``stability.data.edge_transform``).
+    edge_transform: str = default("edge_transform")
     #: The case's own plugins (``plugins = [...]``), imported when the case was loaded.
     plugins: tuple[str, ...] = default("plugins")
     #: ``KEY=VALUE`` overrides given on the command line (``--set``), in order.

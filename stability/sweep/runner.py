@@ -13,6 +13,7 @@ from tqdm.auto import tqdm
 from stability.core.errors import StabilityError
 from stability.core.results import RunResult
 from stability.data import Dataset, load_dataset
+from stability.data.edge_transform import transform_edges
 from stability.model.variants import get_variant
 from stability.sweep.cases import Case
 from stability.sweep.settings import per_run
@@ -44,13 +45,17 @@ def run_configs(case: Case) -> Iterator[tuple[str, TrainConfig]]:
 
 def case_datasets(case: Case) -> list[Dataset]:
     """The case's ``num_datasets`` data sets, data set k built with seed ``dataset.seed + k``,
-    so the same case always gives the same data sets, shared by every variant."""
+    so the same case always gives the same data sets, shared by every variant; each with
+    the case's ``edge_transform`` applied."""
     params = {"seed": 0, **case.dataset_params}
     return [
-        load_dataset(
-            case.dataset,
-            allow_nonfinite=case.allow_nonfinite_input,
-            **{**params, "seed": params["seed"] + k},
+        transform_edges(
+            load_dataset(
+                case.dataset,
+                allow_nonfinite=case.allow_nonfinite_input,
+                **{**params, "seed": params["seed"] + k},
+            ),
+            case.edge_transform,
         )
         for k in range(case.num_datasets)
     ]
@@ -104,7 +109,7 @@ def run_case(
         store = RunStore(out_dir, case.name, resume, settings, overwrite)
     try:
         if store is not None:
-            _check_same_data(store, datasets)
+            check_same_data(store, datasets)
         configs = [
             (dataset, variant, config)
             for dataset in datasets
@@ -182,7 +187,7 @@ def _run_serially(configs, datasets, progress, on_result, desc) -> list[RunResul
     return results
 
 
-def _check_same_data(store: RunStore, datasets: list[Dataset]) -> None:
+def check_same_data(store: RunStore, datasets: list[Dataset]) -> None:
     """Refuse to resume runs on data this case no longer builds: a data set read from a file
     carries the file's hash in its key, so an edited file is caught here."""
     held = {key[RUN_KEY.index("dataset")] for key in store.done}

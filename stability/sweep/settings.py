@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from stability.data.edge_transform import EDGE_TRANSFORMS
 from stability.train.trainer import DTYPES, TrainConfig
 
 _NO_DEFAULT = object()
@@ -178,6 +179,16 @@ TOP_LEVEL = (
         ". The sweep repeats on this many data sets, one run per data set; data set k is "
         "built with seed `dataset.seed + k`.",
         default=1,
+    ),
+    Setting(
+        "edge_transform",
+        "string",
+        lambda v: v in EDGE_TRANSFORMS,
+        f"one of {', '.join(EDGE_TRANSFORMS)}",
+        ". Transforms every edge distance before training: `standardized` with the "
+        "training set's mean and std, `squashed` by a sigmoid (the doctor's data remedies, "
+        "[doctor.md](doctor.md)).",
+        default="none",
     ),
     Setting(
         "plugins",

@@ -26,8 +26,8 @@ import numpy as np
 import tensorflow as tf
 
 from stability.core.quiet import stderr_silenced
+from stability.model.keras_layers import layer_names
 from stability.train.failing_op import LOSS_SCOPE, failing_node, site_from_error
-from stability.train.keras_layers import layer_names
 from stability.train.site import (
     DENOMINATOR,
     XLA_ONLY,

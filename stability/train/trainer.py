@@ -92,6 +92,8 @@ class Trainer:
             recipe = self.variant.build(ctx)
             # Built from the data's shapes and checked before the step reads its weights.
             probe(recipe, self.dataset, self.config.dtype)
+            if self.variant.adjust is not None:  # a remedy acting on the built model
+                recipe = self.variant.adjust(recipe, ctx)
         # Adam's slots exist before the first compiled step, so tracing never creates them.
         recipe.optimizer.build(recipe.model.trainable_variables)
         self.recipe = recipe

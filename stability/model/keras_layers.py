@@ -17,10 +17,18 @@ PRIVATE_API = "_flatten_layers"
 
 def layer_names(model: keras.Layer) -> set[str]:
     """Names of ``model``'s layers at every depth (``net``, ``message_passing_0``, ...)."""
-    flatten = getattr(model, PRIVATE_API, None)
+    return {layer.name for layer in nested_layers(model)}
+
+
+def nested_layers(layer: keras.Layer) -> list[keras.Layer]:
+    """``layer``'s sublayers at every depth, in Keras' tracking order (``layer`` left out).
+
+    The doctor's kernel-constraint remedy (``stability.model.remedies``) finds the ``Dense``
+    layers inside a failing layer with it."""
+    flatten = getattr(layer, PRIVATE_API, None)
     if flatten is None:
         raise RuntimeError(
             f"keras {keras.__version__}: Layer.{PRIVATE_API} is gone; "
-            "stability.train.keras_layers needs a new way to walk nested layers"
+            "stability.model.keras_layers needs a new way to walk nested layers"
         )
-    return {layer.name for layer in flatten(include_self=False)}
+    return list(flatten(include_self=False))
