@@ -15,8 +15,8 @@ from stability.data.hypothesis_engine import PRIVATE_API as HYPOTHESIS_PRIVATE
 from stability.data.hypothesis_engine import draw
 from stability.model.network import GraphNetwork
 from stability.train.failing_op import failing_node
-from stability.train.keras_layers import PRIVATE_API as KERAS_PRIVATE
-from stability.train.keras_layers import layer_names
+from stability.model.keras_layers import PRIVATE_API as KERAS_PRIVATE
+from stability.model.keras_layers import layer_names
 from stability.train.keras_private import COMPUTE_LOSS_ARGS, is_slot_of, slot_name
 from stability.train.tf_private import (
     GRADIENT_SCOPE,
