@@ -23,7 +23,7 @@ from stability.sweep.doctor import (
     Trial,
     median_epoch,
 )
-from stability.sweep.remedies import HEADROOM, command
+from stability.sweep.remedies import HEADROOM, REMEDIES, command
 
 #: The columns of ``<case>.doctor.csv``.
 DOCTOR_FIELDS = (
@@ -264,3 +264,20 @@ def _fix(run: DoctorRun, rows: Sequence[dict[str, str]]) -> list[str]:
     if misses:
         lines.append(f"Expected to help, but not a fix here: {_names(misses, True)}.")
     return lines
+
+
+def remedy_table() -> str:
+    """The table of docs/doctor.md: every remedy, what it changes, and for which symptoms
+    the table expects it to help (and why), rendered from ``REMEDIES``."""
+    rows = [
+        "| remedy | family | what it changes | expected to help, and why | cannot help otherwise, "
+        "because |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for remedy in REMEDIES:
+        helps = "; ".join(f"*{symptom}*: {why}" for symptom, why in remedy.helps.items())
+        rows.append(
+            f"| `{remedy.name}` | {remedy.family} | {remedy.label}; in code: {remedy.code} | "
+            f"{helps} | {remedy.cannot} |"
+        )
+    return "\n".join(rows) + "\n"
