@@ -17,8 +17,9 @@ PACKAGE = Path(stability.__file__).parent
 #: Layer of each folder, bottom first; a module may import its own layer or lower ones.
 LAYERS = ("core", "data", "model", "testing", "train", "sweep", "report")
 TOP = len(LAYERS)  # stability/__init__.py, __main__.py, cli.py, plugin.py, ...
-#: Folders of the top layer: the command line's subcommands.
-TOP_FOLDERS = ("commands",)
+#: Folders of the top layer: the command line's subcommands, and the zoo's bug programs
+#: (written as users write them: ``from stability import Recipe, register_variant``).
+TOP_FOLDERS = ("commands", "zoo")
 #: Deprecated module -> the package its names moved to. A shim re-exports from there, so
 #: that import is exempt from the rule; nothing in the package may import the shim.
 SHIMS = {
