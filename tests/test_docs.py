@@ -203,6 +203,17 @@ def test_the_settings_tables_are_generated_from_the_declarations(scope, monkeypa
     )
 
 
+def test_the_remedy_table_is_generated_from_the_doctors_table():
+    """docs/doctor.md holds the table ``stability.sweep.remedies.REMEDIES`` renders, byte
+    for byte (regenerate it with ``stability.report.doctor_report.remedy_table``)."""
+    from stability.report.doctor_report import remedy_table
+
+    table = remedy_table()
+    assert table in (ROOT / "docs" / "doctor.md").read_text(encoding="utf-8"), (
+        f"docs/doctor.md: the remedy table differs from remedy_table():\n{table}"
+    )
+
+
 def test_documented_defaults_load(docs):
     """Each default, written into a case file as the docs show it, passes the loader."""
     for scope, rows in docs.items():

@@ -31,6 +31,7 @@ from stability.model.variants import (
     Variant,
     _clip_gradients,
     get_variant,
+    resolve_remedied_with,
 )
 
 #: What joins a remedy's name and the layer it acts in: ``kernel_constraint@message_passing_0``.
@@ -229,3 +230,6 @@ def tanh_cap(recipe: Recipe, ctx: BuildContext, layer: str | None) -> Recipe:
             "(a layer takes one through use_logit_transform)"
         )
     return recipe
+
+
+resolve_remedied_with(remedied_variant)

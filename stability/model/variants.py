@@ -110,11 +110,20 @@ def get_variant(name: str) -> Variant:
 
     ``base+remedy`` names the registered variant ``base`` with one of the doctor's model
     remedies applied (``stability.model.remedies``): ``raw_e+clip``."""
-    if REMEDY_MARK in name:
-        from stability.model.remedies import remedied_variant  # it builds on this module
-
-        return remedied_variant(name)
+    if REMEDY_MARK in name and _remedied:
+        return _remedied[0](name)
     return _variants.get(name)
+
+
+#: What resolves a ``base+remedy`` name: ``stability.model.remedies.remedied_variant``,
+#: set when that module is imported (the model package imports it), so that this module,
+#: which it builds on, need not import it.
+_remedied: list[Callable[[str], Variant]] = []
+
+
+def resolve_remedied_with(resolver: Callable[[str], Variant]) -> None:
+    """Let ``resolver`` build the variants named ``base+remedy``."""
+    _remedied[:] = [resolver]
 
 
 def list_variants(filter: str | None = None) -> list[Variant]:
