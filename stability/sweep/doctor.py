@@ -151,11 +151,12 @@ def remedy_budget(finding: Finding, case_epochs: int) -> int:
 
 @dataclass
 class Trial:
-    """One remedy on the case: its case (None when it cannot apply, ``reason`` says why)
-    and its runs' rows once trained."""
+    """One remedy on the case: its case (None when it cannot apply, ``reason`` says why),
+    the folder its store is in, and its runs' rows once trained."""
 
     remedy: Remedy
     case: Case | None
+    folder: Path = Path(".")
     reason: str = ""
     rows: list[Row] = field(default_factory=list)
 
@@ -227,14 +228,14 @@ def plan(run: DoctorRun, candidates: Sequence[str] = ()) -> list[Trial]:
             remedied = case_for(remedy, base, run.variant, run.finding.layer, name)
             _check_applies(remedy, remedied)
         except RemedyError as exc:
-            trials.append(Trial(remedy, None, str(exc)))
+            trials.append(Trial(remedy, None, run.original.folder, str(exc)))
             continue
         except StabilityError as exc:
             if remedy.family == "candidate":
                 raise  # the user's own variant: a bad one is bad input
-            trials.append(Trial(remedy, None, str(exc)))
+            trials.append(Trial(remedy, None, run.original.folder, str(exc)))
             continue
-        trials.append(Trial(remedy, remedied))
+        trials.append(Trial(remedy, remedied, run.original.folder))
     return trials
 
 
@@ -267,7 +268,6 @@ def _check_takes_learning_rate(case: Case, dataset: Dataset) -> None:
 
 def train_trials(
     trials: Sequence[Trial],
-    out: Path,
     progress: bool,
     resume: bool,
     overwrite: bool,
@@ -276,8 +276,9 @@ def train_trials(
     desc: str,
 ) -> None:
     """Train every applicable trial's runs at once (one sweep over all of them, so
-    ``workers`` stay busy across trials), each into its own store in ``out``, and read
-    back every trial's rows for the seeds asked for (resumed runs included)."""
+    ``workers`` stay busy across trials), each into its own store in its folder, and read
+    back every trial's rows for the seeds asked for (resumed runs included). The trials
+    may belong to several doctors (the zoo's)."""
     active = [t for t in trials if t.case is not None]
     stores: dict[str, RunStore] = {}
     configs, all_datasets = [], []
@@ -286,8 +287,8 @@ def train_trials(
             case = trial.case
             datasets = case_datasets(case)
             settings = {"epochs": case.epochs, "dtype": case.dtype}
-            store = RunStore(out, case.name, resume, settings, overwrite)
-            stores[case.name] = store
+            store = RunStore(trial.folder, case.name, resume, settings, overwrite)
+            stores[_store_key(trial)] = store
             check_same_data(store, datasets)
             all_datasets += datasets
             configs += [
@@ -300,14 +301,14 @@ def train_trials(
             _longest_first(configs),
             all_datasets,
             progress,
-            lambda result: stores[result.case].add(result),
+            lambda result: stores[(result.case, result.variant)].add(result),
             desc,
             workers,
             cluster,
         )
         for trial in active:
             wanted = {str(s) for s in trial.case.seeds}
-            rows = stores[trial.case.name].rows()
+            rows = stores[_store_key(trial)].rows()
             names = set(trial.case.variants)
             trial.rows = [r for r in rows if r["seed"] in wanted and r["variant"] in names]
     finally:
@@ -315,10 +316,34 @@ def train_trials(
             store.finish()
 
 
+def _store_key(trial: Trial) -> tuple[str, str]:
+    """A trial's runs by their rows' case and variant (unique across the zoo's doctors)."""
+    return trial.case.name, trial.case.variants[0]
+
+
 def _longest_first(configs: list) -> list:
     """float64 runs first: they are the slowest, so the last runs to start are short ones
     and no worker idles at the end (the rows do not depend on the order)."""
     return sorted(configs, key=lambda c: c[2].dtype != "float64")
+
+
+def begin(case: Case, variant: str, out: Path, seeds: Sequence[int] | None = None) -> DoctorRun:
+    """A doctor of ``variant`` on ``case`` whose runs go to ``out``: its original trial,
+    checked (built on the data), not yet trained."""
+    original_case = diagnosed_case(case, variant, seeds)
+    _check_applies(ORIGINAL, original_case)
+    original = Trial(ORIGINAL, original_case, out)
+    return DoctorRun(case, variant, original, find([]))
+
+
+def conclude(run: DoctorRun, candidates: Sequence[str] = ()) -> None:
+    """Read the trained original runs: the finding, and, for a failure a remedy can treat,
+    the budget and every remedy's trial."""
+    run.finding = find(run.original.rows)
+    if run.finding.symptom is None or run.finding.symptom == Cause.INPUT.value:
+        return
+    run.budget = remedy_budget(run.finding, run.case.epochs)
+    run.trials = plan(run, candidates)
 
 
 def doctor(
@@ -339,19 +364,13 @@ def doctor(
     say = on_stage or (lambda text: None)
     for name in candidates:
         get_variant(name)
-    original_case = diagnosed_case(case, variant, seeds)
-    original = Trial(ORIGINAL, original_case)
-    _check_applies(ORIGINAL, original_case)
-    seeds_text = ", ".join(map(str, original_case.seeds))
+    run = begin(case, variant, out, seeds)
+    seeds_text = ", ".join(map(str, run.original.case.seeds))
     say(f"training {variant} on {case.name}: seeds {seeds_text}, {case.epochs} epochs")
-    train_trials([original], out, progress, resume, overwrite, workers, cluster, variant)
-    finding = find(original.rows)
-    run = DoctorRun(case, variant, original, finding)
-    if finding.symptom is None or finding.symptom == Cause.INPUT.value:
-        return run
-    run.budget = remedy_budget(finding, case.epochs)
-    run.trials = plan(run, candidates)
-    applicable = sum(t.case is not None for t in run.trials)
-    say(f"{finding.symptom}: rerunning {applicable} remedies for {run.budget} epochs")
-    train_trials(run.trials, out, progress, resume, overwrite, workers, cluster, "remedies")
+    train_trials([run.original], progress, resume, overwrite, workers, cluster, variant)
+    conclude(run, candidates)
+    if run.trials:
+        applicable = sum(t.case is not None for t in run.trials)
+        say(f"{run.finding.symptom}: rerunning {applicable} remedies for {run.budget} epochs")
+        train_trials(run.trials, progress, resume, overwrite, workers, cluster, "remedies")
     return run

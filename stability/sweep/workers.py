@@ -36,7 +36,7 @@ from stability.core.results import RunResult
 from stability.data import Dataset
 
 if TYPE_CHECKING:
-    # Not at run time: a spawned worker imports this module before _start_worker can
+    # Not at run time: a spawned worker imports this module before start_worker can
     # silence TensorFlow's start-up notices, and the trainer imports TensorFlow.
     from stability.train.trainer import TrainConfig
 
@@ -63,7 +63,7 @@ def variant_modules(names: Sequence[str]) -> list[str]:
     return sorted(set(modules))
 
 
-def _start_worker(intra: int, inter: int, modules: list[str], path: list[str]) -> None:
+def start_worker(intra: int, inter: int, modules: list[str], path: list[str]) -> None:
     """Size TensorFlow's thread pools before anything runs, then load the variants."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     sys.path[:] = path  # so that a user's --plugin module beside the case imports here too
@@ -136,7 +136,7 @@ def run_in_workers(
     with ProcessPoolExecutor(
         max_workers=workers,
         mp_context=context,
-        initializer=_start_worker,
+        initializer=start_worker,
         initargs=(intra, inter, modules, list(sys.path)),
     ) as pool:
         # Each task carries its data set: a few MB pickled, against seconds of training.

@@ -1,0 +1,110 @@
+"""The tools people use today, on a zoo bug: Keras' ``TerminateOnNaN`` and TensorFlow's
+``tf.debugging.enable_check_numerics``, each on ``model.fit`` of the bug's own model.
+
+Each trains the bug's variant as a user would: its model and optimizer built by the
+harness's ``Trainer.build`` (seeded, on the case's dtype), compiled with the variant's loss
+and fitted on the case's data (``keras_input``: the trainer's batches, the same seed) for
+the case's epochs, once with ``TerminateOnNaN`` and once with check_numerics enabled. What
+each saw is read the way a user reads it: ``TerminateOnNaN`` stops when the loss it logs
+is NaN or Inf, so it sees the loss only (its stage is ``loss``); check_numerics raises at
+the first op whose output is NaN or Inf, and its error names the op, read by the harness's
+own reader (``train.failing_op.site_from_error``).
+
+Every run is in its own spawned process (check_numerics instruments every graph traced
+while it is on, process-wide), one process per bug and tool at a time.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import asdict, dataclass
+
+import keras
+import tensorflow as tf
+
+from stability.model.keras_layers import layer_names
+from stability.model.variants import get_variant
+from stability.sweep.cases import load_case
+from stability.sweep.runner import case_datasets, run_configs
+from stability.train.failing_op import site_from_error
+from stability.train.keras_input import keras_input
+from stability.train.trainer import Trainer
+
+TOOLS = ("terminate_on_nan", "check_numerics")
+
+
+@dataclass(frozen=True)
+class ToolRun:
+    """What one tool saw on one bug: whether it stopped the training (``detected``), at
+    which step (1-based, counted over the whole fit), the stage it points at and the op it
+    names (check_numerics only), and the time per step of the whole fit (tracing in)."""
+
+    tool: str
+    detected: bool
+    step: int | None
+    stage: str | None
+    op: str | None
+    ms_per_step: float
+
+
+def tool_run(case_path: str, tool: str) -> dict:
+    """Run ``tool`` on the zoo bug whose case file is ``case_path``; a ``ToolRun`` as a dict
+    (picklable across processes)."""
+    if tool not in TOOLS:
+        raise ValueError(f"tool {tool!r}: one of {TOOLS}")
+    case = load_case(case_path)
+    data = case_datasets(case)[0]
+    (variant, config), *_ = run_configs(case)
+    recipe = Trainer(get_variant(variant), data, config).build()
+    model = recipe.model
+    model.compile(optimizer=recipe.optimizer, loss=HarnessLoss(recipe.loss))
+    steps = StepCounter()
+    callbacks = [steps]
+    if tool == "terminate_on_nan":
+        callbacks.append(keras.callbacks.TerminateOnNaN())
+    batches = keras_input(data, "train", batch_size=config.batch_size, seed=config.seed)
+    detected, stage, op, step = False, None, None, None
+    started = time.perf_counter()
+    if tool == "check_numerics":
+        tf.debugging.enable_check_numerics()
+    try:
+        history = model.fit(batches, epochs=config.epochs, verbose=0, callbacks=callbacks)
+        losses = history.history.get("loss", [])
+        if tool == "terminate_on_nan" and (model.stop_training or not _all_finite(losses)):
+            detected, stage, step = True, "loss", steps.count
+    except tf.errors.InvalidArgumentError as exc:  # check_numerics found a NaN or Inf
+        site = site_from_error(str(exc), layer_names(model), model_name=model.name)
+        detected, stage, op, step = True, site.where, site.op, steps.count + 1
+    finally:
+        if tool == "check_numerics":
+            tf.debugging.disable_check_numerics()
+    seconds = time.perf_counter() - started
+    ms = 1e3 * seconds / max(steps.count + (tool == "check_numerics" and detected), 1)
+    return asdict(ToolRun(tool, detected, step, stage, op, ms))
+
+
+def _all_finite(values: list) -> bool:
+    return all(math.isfinite(float(v)) for v in values)
+
+
+class HarnessLoss(keras.losses.Loss):
+    """The variant's loss as a Keras loss: ``loss(targets [num_graphs], predictions)``,
+    given the targets as they are (Keras' function-loss wrapper would reshape them to the
+    predictions' rank)."""
+
+    def __init__(self, fn):
+        super().__init__(name="harness_loss")
+        self.fn = fn
+
+    def call(self, y_true, y_pred):
+        return self.fn(y_true, y_pred)
+
+
+class StepCounter(keras.callbacks.Callback):
+    """Counts the fit's finished steps."""
+
+    count = 0
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.count += 1
