@@ -1,4 +1,4 @@
-"""``python -m stability run|map|list|report|compare|claims|conformance|spread|hunt|doctor``:
+"""``python -m stability run|map|list|report|compare|claims|conformance|spread|hunt|doctor|zoo``:
 the CLI.
 
 TensorFlow loads only after the command line parsed (``stability.commands.startup``), so
@@ -32,6 +32,7 @@ from stability.commands.map import add_map_parser, map_command
 from stability.commands.run import add_run_parser, run_command
 from stability.commands.spread import add_spread_parser, spread_command
 from stability.commands.startup import start_tensorflow
+from stability.commands.zoo import add_zoo_parser, zoo_command
 from stability.core.errors import StabilityError
 from stability.report.compare import add_compare_parser, compare_command
 
@@ -49,6 +50,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "spread": spread_command,
     "hunt": hunt_command,
     "doctor": doctor_command,
+    "zoo": zoo_command,
 }
 
 
@@ -71,6 +73,7 @@ def _parser() -> argparse.ArgumentParser:
     add_spread_parser(sub)
     add_hunt_parser(sub, positive_int, add_plugin_flag, add_set_flag)
     add_doctor_parser(sub)
+    add_zoo_parser(sub)
     return parser
 
 

@@ -1,0 +1,58 @@
+"""``python -m stability zoo``: every bug of the zoo through the harness, the doctor and the
+tools people use today, scored against the bugs' ground truth (``stability.sweep.zoo``)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from stability.commands.flags import add_progress_flag, check_writable, positive_int, show_progress
+
+
+def add_zoo_parser(sub: argparse._SubParsersAction) -> None:
+    zoo = sub.add_parser(
+        "zoo",
+        help="run the zoo of real GNN numerical bugs and score the harness, the doctor, "
+        "TerminateOnNaN and check_numerics on it",
+        description="Every bug of stability/zoo/bugs (a small Keras GNN reproducing one "
+        "public issue, with its ground truth) through the harness and the doctor, and "
+        "through model.fit with Keras' TerminateOnNaN and with tf.debugging's check_numerics; "
+        "writes zoo.csv (one row per bug) and zoo.md (the scoreboard) into --out, and each "
+        "bug's runs into <out>/zoo/ (docs/zoo.md).",
+    )
+    zoo.add_argument("--out", type=Path, default=Path("reports"), help="folder (default: reports)")
+    zoo.add_argument("--bugs", metavar="NAMES", help="comma-separated bugs to run (default: all)")
+    zoo.add_argument(
+        "--workers", type=positive_int, default=1, metavar="N", help="train N runs at once"
+    )
+    existing = zoo.add_mutually_exclusive_group()
+    existing.add_argument(
+        "--resume", action="store_true", help="keep the runs already in <out>/zoo/"
+    )
+    existing.add_argument(
+        "--overwrite", action="store_true", help="discard the runs already in <out>/zoo/"
+    )
+    add_progress_flag(zoo)
+    zoo.add_argument("--plugin", action="append", default=[], help=argparse.SUPPRESS)
+
+
+def zoo_command(args: argparse.Namespace) -> int:
+    from stability.report.zoo_report import write_zoo_report
+    from stability.sweep.zoo import run_zoo
+
+    check_writable(args.out)
+    names = [n.strip() for n in (args.bugs or "").split(",") if n.strip()]
+    entries = run_zoo(
+        args.out / "zoo",
+        names=names,
+        workers=args.workers,
+        progress=show_progress(args),
+        resume=args.resume,
+        overwrite=args.overwrite,
+        on_stage=lambda text: print(f"zoo: {text}", file=sys.stderr),
+    )
+    shown = "python -m stability zoo" + (f" --bugs {','.join(names)}" if names else "")
+    csv_path, md_path = write_zoo_report(entries, args.out, shown)
+    print(f"wrote {md_path} and {csv_path}")
+    return 0

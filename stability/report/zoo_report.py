@@ -1,0 +1,266 @@
+"""The zoo's report: ``zoo.csv``, one row per bug (the harness, the doctor and the tools
+people use today against the bug's ground truth), and ``zoo.md``, the scoreboard.
+
+Every figure and sentence is computed from the rows.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+from collections.abc import Sequence
+from pathlib import Path
+
+from stability.core.files import atomic_writer
+from stability.sweep.doctor import NOT_APPLICABLE
+from stability.sweep.zoo import ZooEntry
+
+#: The columns of ``zoo.csv``; the booleans are ``True``/``False``.
+ZOO_FIELDS = (
+    "bug",
+    "source",
+    "expected_stage",
+    "reported_stage",
+    "detected",
+    "stage_right",
+    "cause_right",
+    "localized",
+    "fixed",
+    "expected_cause",
+    "reported_cause",
+    "expected_op",
+    "reported_op",
+    "reported_layer",
+    "failure_epoch",
+    "silent",
+    "doctor_fix",
+    "doctor_verdicts",
+    "terminate_on_nan_detected",
+    "terminate_on_nan_stage",
+    "terminate_on_nan_stage_right",
+    "terminate_on_nan_step",
+    "check_numerics_detected",
+    "check_numerics_stage",
+    "check_numerics_stage_right",
+    "check_numerics_localized",
+    "check_numerics_op",
+    "check_numerics_step",
+    "harness_ms_per_step",
+    "terminate_on_nan_ms_per_step",
+    "check_numerics_ms_per_step",
+    "url",
+)
+
+#: (name in the scoreboard, prefix of its columns in ``zoo.csv``, the scores it has).
+TOOLS = (
+    (
+        "stability (this harness)",
+        "",
+        ("detected", "stage_right", "cause_right", "localized", "fixed"),
+    ),
+    ("Keras TerminateOnNaN", "terminate_on_nan_", ("detected", "stage_right")),
+    (
+        "tf.debugging.enable_check_numerics",
+        "check_numerics_",
+        ("detected", "stage_right", "localized"),
+    ),
+)
+#: The issue's goals for the harness: score -> least rate.
+GOALS = {"detected": 0.95, "stage_right": 0.90, "cause_right": 0.80, "fixed": 0.70}
+
+
+def _bool(value: bool) -> str:
+    return "True" if value else "False"
+
+
+def _op_matches(expected: str, reported: str | None) -> bool:
+    return bool(reported) and expected.lower() in str(reported).lower()
+
+
+def zoo_row(entry: ZooEntry) -> dict[str, str]:
+    """One bug's ``zoo.csv`` row."""
+    bug, doctor = entry.bug, entry.doctor
+    finding = doctor.finding
+    first = finding.first if finding.symptom not in (None, "headroom") else None
+    reported_stage = (first or {}).get("first_nan_where") or ""
+    reported_cause = finding.symptom if first is not None else "none"
+    reported_op = (first or {}).get("first_nan_op") or ""
+    best = doctor.recommended()
+    tna = entry.tools.get("terminate_on_nan", {})
+    cn = entry.tools.get("check_numerics", {})
+    stage_right = first is not None and reported_stage == bug.stage
+    run_row = first or (doctor.original.rows[0] if doctor.original.rows else {})
+    steps = run_row.get("steps_per_second")
+    verdicts = [f"{t.remedy.name}:{t.verdict(finding)}" for t in doctor.trials]
+    return {
+        "bug": bug.name,
+        "source": bug.source,
+        "expected_stage": bug.stage,
+        "reported_stage": reported_stage,
+        "detected": _bool(first is not None),
+        "stage_right": _bool(stage_right),
+        "cause_right": _bool(reported_cause == bug.cause),
+        "localized": _bool(stage_right and _op_matches(bug.op, reported_op)),
+        "fixed": _bool(best is not None),
+        "expected_cause": bug.cause,
+        "reported_cause": reported_cause or "none",
+        "expected_op": bug.op,
+        "reported_op": reported_op,
+        "reported_layer": (first or {}).get("first_nan_layer") or "",
+        "failure_epoch": str(min((e for e in finding.epochs if e is not None), default="")),
+        "silent": _bool(bug.silent),
+        "doctor_fix": best.remedy.name if best else "",
+        "doctor_verdicts": ";".join(v for v in verdicts if not v.endswith(NOT_APPLICABLE)),
+        "terminate_on_nan_detected": _bool(bool(tna.get("detected"))),
+        "terminate_on_nan_stage": tna.get("stage") or "",
+        "terminate_on_nan_stage_right": _bool(
+            bool(tna.get("detected")) and tna.get("stage") == bug.stage
+        ),
+        "terminate_on_nan_step": str(tna.get("step") or ""),
+        "check_numerics_detected": _bool(bool(cn.get("detected"))),
+        "check_numerics_stage": cn.get("stage") or "",
+        "check_numerics_stage_right": _bool(
+            bool(cn.get("detected")) and cn.get("stage") == bug.stage
+        ),
+        "check_numerics_localized": _bool(
+            bool(cn.get("detected"))
+            and cn.get("stage") == bug.stage
+            and _op_matches(bug.op, cn.get("op"))
+        ),
+        "check_numerics_op": cn.get("op") or "",
+        "check_numerics_step": str(cn.get("step") or ""),
+        "harness_ms_per_step": f"{1e3 / float(steps):.3g}" if steps and float(steps) > 0 else "",
+        "terminate_on_nan_ms_per_step": f"{tna['ms_per_step']:.3g}" if tna else "",
+        "check_numerics_ms_per_step": f"{cn['ms_per_step']:.3g}" if cn else "",
+        "url": bug.url,
+    }
+
+
+def write_zoo_report(entries: Sequence[ZooEntry], out: Path, command: str) -> tuple[Path, Path]:
+    """Write ``zoo.csv`` and ``zoo.md`` into ``out``, atomically."""
+    rows = [zoo_row(entry) for entry in entries]
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=ZOO_FIELDS, lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(rows)
+    csv_path, md_path = out / "zoo.csv", out / "zoo.md"
+    with atomic_writer(csv_path) as handle:
+        handle.write(buffer.getvalue())
+    with atomic_writer(md_path) as handle:
+        handle.write(zoo_markdown(rows, command))
+    return csv_path, md_path
+
+
+def read_zoo(path: Path) -> list[dict[str, str]]:
+    with path.open(encoding="utf-8", newline="") as handle:
+        return list(csv.DictReader(handle))
+
+
+def scores(rows: Sequence[dict[str, str]]) -> dict[str, dict[str, tuple[int, list[str]]]]:
+    """tool -> score -> (how many bugs it got right, the bugs it missed)."""
+    board = {}
+    for name, prefix, kinds in TOOLS:
+        board[name] = {}
+        for kind in kinds:
+            right = [r["bug"] for r in rows if r[prefix + kind] == "True"]
+            board[name][kind] = (len(right), [r["bug"] for r in rows if r["bug"] not in right])
+    return board
+
+
+def zoo_markdown(rows: Sequence[dict[str, str]], command: str) -> str:
+    total = len(rows)
+    board = scores(rows)
+    lines = [
+        "# The zoo: real GNN numerical bugs, and who catches them",
+        "",
+        f"`{command}`: {total} bugs from public trackers, each a small Keras GNN written as "
+        "its users write it, with the data that triggers it and its ground truth (the stage "
+        "where the first non-finite or wrong value arises, the op, the cause, the "
+        "maintainers' fix): `stability/zoo/bugs/`. Each went through the harness (`run`), "
+        "the doctor, and `model.fit` of the same model and data with Keras' "
+        "`TerminateOnNaN` and with `tf.debugging.enable_check_numerics`.",
+        "",
+        "## The scoreboard",
+        "",
+        "| tool | detected | stage right | cause right | localized (stage and op) "
+        "| fixed by the doctor |",
+        "| --- | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for name, _, kinds in TOOLS:
+        cells = []
+        for kind in ("detected", "stage_right", "cause_right", "localized", "fixed"):
+            if kind in kinds:
+                right, _missed = board[name][kind]
+                cells.append(f"{right}/{total} ({right / total:.0%})" if total else "0/0")
+            else:
+                cells.append("—")
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    lines += ["", "## Against the goals", ""]
+    harness = board[TOOLS[0][0]]
+    for kind, goal in GOALS.items():
+        right, missed = harness[kind]
+        rate = right / total if total else 0.0
+        met = "met" if rate >= goal else "**missed**"
+        named = f"; missed: {', '.join(f'`{m}`' for m in missed)}" if missed else ""
+        lines.append(
+            f"- {kind.replace('_', ' ')}: {rate:.0%} against the goal {goal:.0%}, {met}{named}."
+        )
+    lines += ["", "## What each tool misses", ""]
+    for name, _, _kinds in TOOLS:
+        missed = board[name]["detected"][1]
+        lines.append(
+            f"- {name}: "
+            + (
+                f"does not detect {', '.join(f'`{m}`' for m in missed)}"
+                if missed
+                else "detects every bug"
+            )
+            + "."
+        )
+    lines += ["", "## Every bug", ""]
+    lines += [
+        "| bug | source | expected stage / cause / op | harness: stage / cause / op "
+        "| doctor's fix | TerminateOnNaN | check_numerics |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in rows:
+        harness_cell = (
+            f"{r['reported_stage']} / {r['reported_cause']} / `{r['reported_op']}`"
+            if r["detected"] == "True"
+            else "not detected"
+        )
+        tna = (
+            f"step {r['terminate_on_nan_step']}, loss"
+            if r["terminate_on_nan_detected"] == "True"
+            else "not detected"
+        )
+        cn = (
+            f"step {r['check_numerics_step']}, {r['check_numerics_stage']}, "
+            f"`{r['check_numerics_op']}`"
+            if r["check_numerics_detected"] == "True"
+            else "not detected"
+        )
+        lines.append(
+            f"| `{r['bug']}` | [{r['source']}]({r['url']}) | {r['expected_stage']} / "
+            f"{r['expected_cause']} / `{r['expected_op']}` | {harness_cell} | "
+            f"{r['doctor_fix'] or 'none'} | {tna} | {cn} |"
+        )
+    lines += ["", "## Cost per step", "", *_cost(rows), ""]
+    return "\n".join(lines)
+
+
+def _cost(rows: Sequence[dict[str, str]]) -> list[str]:
+    import statistics
+
+    def median(column: str) -> str:
+        values = [float(r[column]) for r in rows if r[column]]
+        return f"{statistics.median(values):.3g} ms" if values else "not measured"
+
+    return [
+        "Median over the bugs of each way's milliseconds per step, over its whole run up to "
+        "where it stopped (tracing included, so short runs weigh their first step): the "
+        f"harness {median('harness_ms_per_step')}, `TerminateOnNaN` "
+        f"{median('terminate_on_nan_ms_per_step')}, check_numerics "
+        f"{median('check_numerics_ms_per_step')}. Healthy-step overheads, measured side by "
+        "side, are in [bench.md](bench.md#sentinel-overhead-per-healthy-step).",
+    ]
