@@ -20,19 +20,15 @@ from functools import partial
 from typing import Any
 
 import keras
+import tensorflow as tf
 
 from stability.core.errors import RemedyError, StabilityError
 from stability.core.registry import Registry
 from stability.model.keras_layers import nested_layers
-from stability.model.variants import (
-    REMEDY_MARK,
-    BuildContext,
-    Recipe,
-    Variant,
-    _clip_gradients,
-    get_variant,
-    resolve_remedied_with,
-)
+from stability.model.recipe import BuildContext, Recipe, Variant
+
+#: What joins a variant's name and a remedy's in the name of the remedied variant.
+REMEDY_MARK = "+"
 
 #: What joins a remedy's name and the layer it acts in: ``kernel_constraint@message_passing_0``.
 LAYER_MARK = "@"
@@ -48,6 +44,12 @@ ADAM_EPSILON = 1e-4
 MIN_NORM, MAX_NORM, L2 = 1e-30, 1.0, 1e-6
 
 Change = Callable[[Recipe, BuildContext, str | None], Recipe]
+
+
+def clip_gradients(gradients: list[tf.Tensor], global_norm: float, value: float) -> list[tf.Tensor]:
+    """The gradients clipped to a global norm, then each to [-value, value] (the seed's)."""
+    clipped, _ = tf.clip_by_global_norm(gradients, global_norm)
+    return [tf.clip_by_value(g, -value, value) for g in clipped]
 
 
 @dataclass(frozen=True)
@@ -91,9 +93,10 @@ def remedied_name(variant: str, remedy: str, layer: str | None = None) -> str:
     return f"{variant}{REMEDY_MARK}{remedy}{suffix}"
 
 
-def remedied_variant(name: str) -> Variant:
-    """The variant ``base+remedy[@layer]``: ``base`` built as registered, then the remedy
-    applied once its model is built (``Variant.adjust``)."""
+def remedied_variant(name: str, lookup: Callable[[str], Variant]) -> Variant:
+    """The variant ``base+remedy[@layer]``: ``base`` (found by ``lookup``, the registry's)
+    built as registered, then the remedy applied once its model is built
+    (``Variant.adjust``)."""
     base_name, _, spec = name.partition(REMEDY_MARK)
     remedy_name, _, layer = spec.partition(LAYER_MARK)
     if not base_name or not remedy_name or REMEDY_MARK in spec:
@@ -101,7 +104,7 @@ def remedied_variant(name: str) -> Variant:
             f"variant {name!r}: a remedied variant is VARIANT{REMEDY_MARK}REMEDY, one remedy, "
             f"of: {', '.join(list_model_remedies())}"
         )
-    base = get_variant(base_name)
+    base = lookup(base_name)
     remedy = get_model_remedy(remedy_name)
     if layer and not remedy.takes_layer:
         raise StabilityError(f"variant {name!r}: remedy {remedy_name!r} takes no {LAYER_MARK}layer")
@@ -132,7 +135,7 @@ def clip(recipe: Recipe, ctx: BuildContext, layer: str | None) -> Recipe:
     optimizer = rebuilt_optimizer(
         recipe.optimizer, clipnorm=CLIPNORM, clipvalue=None, global_clipnorm=None
     )
-    seed_clip = partial(_clip_gradients, global_norm=GLOBAL_NORM, value=CLIP_VALUE)
+    seed_clip = partial(clip_gradients, global_norm=GLOBAL_NORM, value=CLIP_VALUE)
     before = recipe.gradient_transform
     transform = seed_clip if before is None else _then(before, seed_clip)
     return replace(recipe, optimizer=optimizer, gradient_transform=transform)
@@ -230,6 +233,3 @@ def tanh_cap(recipe: Recipe, ctx: BuildContext, layer: str | None) -> Recipe:
             "(a layer takes one through use_logit_transform)"
         )
     return recipe
-
-
-resolve_remedied_with(remedied_variant)

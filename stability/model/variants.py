@@ -18,64 +18,29 @@ then run it with ``python -m stability run my_case.toml --plugin my_module``.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
 import keras
-import tensorflow as tf
 
 from stability.core.errors import StabilityError
 from stability.core.registry import Registry
 from stability.model.losses import robust_loss
 from stability.model.network import GraphNetwork
+from stability.model.recipe import BuildContext, GradientTransform, Loss, Recipe, Variant
+from stability.model.remedies import REMEDY_MARK, clip_gradients, remedied_variant
 
-Loss = Callable[[tf.Tensor, tf.Tensor], tf.Tensor]
-
-#: What joins a variant's name and a remedy's in the name of the remedied variant.
-REMEDY_MARK = "+"
-GradientTransform = Callable[[list[tf.Tensor]], list[tf.Tensor]]
-
-
-@dataclass(frozen=True)
-class BuildContext:
-    """What a variant may depend on: the data's shape and statistics and the case settings."""
-
-    num_features: int
-    hidden: int
-    num_layers: int
-    learning_rate: float
-    edge_mean: float
-    edge_std: float
-    dtype: str = "float32"
-
-
-@dataclass(frozen=True)
-class Recipe:
-    """A variant, built: what the trainer trains.
-
-    ``model.forward(inputs)`` should return a dict with ``predictions`` and lists of
-    ``logits``/``alpha`` (see ``GraphNetwork.forward``); a model with only ``call`` works too,
-    without attention diagnostics.
-    """
-
-    model: keras.Model
-    optimizer: keras.optimizers.Optimizer
-    loss: Loss = robust_loss
-    gradient_transform: GradientTransform | None = None
-
-
-@dataclass(frozen=True)
-class Variant:
-    """A named builder. ``adjust``, where set, changes the recipe once its model is built
-    and checked (``Trainer.build``): a doctor's remedy (``stability.model.remedies``) that
-    needs the model's weights to exist, such as a kernel constraint, is one."""
-
-    name: str
-    description: str
-    build: Callable[[BuildContext], Recipe]
-    adjust: Callable[[Recipe, BuildContext], Recipe] | None = None
-
+__all__ = [  # Recipe and its kin are defined in stability.model.recipe and named here too
+    "BuildContext",
+    "GradientTransform",
+    "Loss",
+    "Recipe",
+    "Variant",
+    "create_recipe",
+    "get_variant",
+    "list_variants",
+    "register_variant",
+]
 
 _variants: Registry[Variant] = Registry("variant")  # name -> Variant
 
@@ -110,20 +75,9 @@ def get_variant(name: str) -> Variant:
 
     ``base+remedy`` names the registered variant ``base`` with one of the doctor's model
     remedies applied (``stability.model.remedies``): ``raw_e+clip``."""
-    if REMEDY_MARK in name and _remedied:
-        return _remedied[0](name)
+    if REMEDY_MARK in name:
+        return remedied_variant(name, _variants.get)
     return _variants.get(name)
-
-
-#: What resolves a ``base+remedy`` name: ``stability.model.remedies.remedied_variant``,
-#: set when that module is imported (the model package imports it), so that this module,
-#: which it builds on, need not import it.
-_remedied: list[Callable[[str], Variant]] = []
-
-
-def resolve_remedied_with(resolver: Callable[[str], Variant]) -> None:
-    """Let ``resolver`` build the variants named ``base+remedy``."""
-    _remedied[:] = [resolver]
 
 
 def list_variants(filter: str | None = None) -> list[Variant]:
@@ -224,13 +178,6 @@ def relu_e(ctx: BuildContext) -> Recipe:
     return create_recipe(ctx, edge_mode="relu")
 
 
-def _clip_gradients(
-    gradients: list[tf.Tensor], global_norm: float, value: float
-) -> list[tf.Tensor]:
-    clipped, _ = tf.clip_by_global_norm(gradients, global_norm)
-    return [tf.clip_by_value(g, -value, value) for g in clipped]
-
-
 @register_variant
 def grad_clip(ctx: BuildContext) -> Recipe:
     """Adam clipnorm=1, clipvalue=5, plus global-norm clipping 1.0 (control; seed: fails)"""
@@ -240,7 +187,7 @@ def grad_clip(ctx: BuildContext) -> Recipe:
     return create_recipe(
         ctx,
         optimizer_options={"clipnorm": 1.0},
-        gradient_transform=partial(_clip_gradients, global_norm=1.0, value=5.0),
+        gradient_transform=partial(clip_gradients, global_norm=1.0, value=5.0),
     )
 
 

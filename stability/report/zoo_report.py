@@ -15,6 +15,15 @@ from stability.core.files import atomic_writer
 from stability.sweep.doctor import NOT_APPLICABLE
 from stability.sweep.zoo import ZooEntry
 
+#: The tools people use today, and the harness's own callback for ``fit``, by the prefix of
+#: their columns in ``zoo.csv`` (``zoo_tools.TOOLS``).
+TOOL_NAMES = {
+    "terminate_on_nan": "Keras TerminateOnNaN",
+    "check_numerics": "tf.debugging.enable_check_numerics",
+    "nan_sentinel": "stability.NanSentinel (the harness in your own fit)",
+}
+_TOOL_COLUMNS = ("detected", "stage", "stage_right", "localized", "op", "step", "ms_per_step")
+
 #: The columns of ``zoo.csv``; the booleans are ``True``/``False``.
 ZOO_FIELDS = (
     "bug",
@@ -35,19 +44,7 @@ ZOO_FIELDS = (
     "silent",
     "doctor_fix",
     "doctor_verdicts",
-    "terminate_on_nan_detected",
-    "terminate_on_nan_stage",
-    "terminate_on_nan_stage_right",
-    "terminate_on_nan_step",
-    "check_numerics_detected",
-    "check_numerics_stage",
-    "check_numerics_stage_right",
-    "check_numerics_localized",
-    "check_numerics_op",
-    "check_numerics_step",
-    "harness_ms_per_step",
-    "terminate_on_nan_ms_per_step",
-    "check_numerics_ms_per_step",
+    *(f"{tool}_{column}" for tool in TOOL_NAMES for column in _TOOL_COLUMNS),
     "url",
 )
 
@@ -58,11 +55,9 @@ TOOLS = (
         "",
         ("detected", "stage_right", "cause_right", "localized", "fixed"),
     ),
-    ("Keras TerminateOnNaN", "terminate_on_nan_", ("detected", "stage_right")),
-    (
-        "tf.debugging.enable_check_numerics",
-        "check_numerics_",
-        ("detected", "stage_right", "localized"),
+    *(
+        (name, f"{tool}_", ("detected", "stage_right", "localized"))
+        for tool, name in TOOL_NAMES.items()
     ),
 )
 #: The issue's goals for the harness: score -> least rate.
@@ -77,6 +72,21 @@ def _op_matches(expected: str, reported: str | None) -> bool:
     return bool(reported) and expected.lower() in str(reported).lower()
 
 
+def _tool_cells(tool: str, run: dict, bug) -> dict[str, str]:
+    detected = bool(run.get("detected"))
+    stage_right = detected and run.get("stage") == bug.stage
+    ms = run.get("ms_per_step")
+    return {
+        f"{tool}_detected": _bool(detected),
+        f"{tool}_stage": run.get("stage") or "",
+        f"{tool}_stage_right": _bool(stage_right),
+        f"{tool}_localized": _bool(stage_right and _op_matches(bug.op, run.get("op"))),
+        f"{tool}_op": run.get("op") or "",
+        f"{tool}_step": str(run.get("step") or ""),
+        f"{tool}_ms_per_step": f"{ms:.3g}" if ms is not None else "",
+    }
+
+
 def zoo_row(entry: ZooEntry) -> dict[str, str]:
     """One bug's ``zoo.csv`` row."""
     bug, doctor = entry.bug, entry.doctor
@@ -86,13 +96,9 @@ def zoo_row(entry: ZooEntry) -> dict[str, str]:
     reported_cause = finding.symptom if first is not None else "none"
     reported_op = (first or {}).get("first_nan_op") or ""
     best = doctor.recommended()
-    tna = entry.tools.get("terminate_on_nan", {})
-    cn = entry.tools.get("check_numerics", {})
     stage_right = first is not None and reported_stage == bug.stage
-    run_row = first or (doctor.original.rows[0] if doctor.original.rows else {})
-    steps = run_row.get("steps_per_second")
     verdicts = [f"{t.remedy.name}:{t.verdict(finding)}" for t in doctor.trials]
-    return {
+    row = {
         "bug": bug.name,
         "source": bug.source,
         "expected_stage": bug.stage,
@@ -111,29 +117,11 @@ def zoo_row(entry: ZooEntry) -> dict[str, str]:
         "silent": _bool(bug.silent),
         "doctor_fix": best.remedy.name if best else "",
         "doctor_verdicts": ";".join(v for v in verdicts if not v.endswith(NOT_APPLICABLE)),
-        "terminate_on_nan_detected": _bool(bool(tna.get("detected"))),
-        "terminate_on_nan_stage": tna.get("stage") or "",
-        "terminate_on_nan_stage_right": _bool(
-            bool(tna.get("detected")) and tna.get("stage") == bug.stage
-        ),
-        "terminate_on_nan_step": str(tna.get("step") or ""),
-        "check_numerics_detected": _bool(bool(cn.get("detected"))),
-        "check_numerics_stage": cn.get("stage") or "",
-        "check_numerics_stage_right": _bool(
-            bool(cn.get("detected")) and cn.get("stage") == bug.stage
-        ),
-        "check_numerics_localized": _bool(
-            bool(cn.get("detected"))
-            and cn.get("stage") == bug.stage
-            and _op_matches(bug.op, cn.get("op"))
-        ),
-        "check_numerics_op": cn.get("op") or "",
-        "check_numerics_step": str(cn.get("step") or ""),
-        "harness_ms_per_step": f"{1e3 / float(steps):.3g}" if steps and float(steps) > 0 else "",
-        "terminate_on_nan_ms_per_step": f"{tna['ms_per_step']:.3g}" if tna else "",
-        "check_numerics_ms_per_step": f"{cn['ms_per_step']:.3g}" if cn else "",
         "url": bug.url,
     }
+    for tool in TOOL_NAMES:
+        row.update(_tool_cells(tool, entry.tools.get(tool, {}), bug))
+    return row
 
 
 def write_zoo_report(entries: Sequence[ZooEntry], out: Path, command: str) -> tuple[Path, Path]:
@@ -220,8 +208,8 @@ def zoo_markdown(rows: Sequence[dict[str, str]], command: str) -> str:
     lines += ["", "## Every bug", ""]
     lines += [
         "| bug | source | expected stage / cause / op | harness: stage / cause / op "
-        "| doctor's fix | TerminateOnNaN | check_numerics |",
-        "| --- | --- | --- | --- | --- | --- | --- |",
+        "| doctor's fix | TerminateOnNaN | check_numerics | NanSentinel |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in rows:
         harness_cell = (
@@ -229,38 +217,44 @@ def zoo_markdown(rows: Sequence[dict[str, str]], command: str) -> str:
             if r["detected"] == "True"
             else "not detected"
         )
-        tna = (
-            f"step {r['terminate_on_nan_step']}, loss"
-            if r["terminate_on_nan_detected"] == "True"
-            else "not detected"
-        )
-        cn = (
-            f"step {r['check_numerics_step']}, {r['check_numerics_stage']}, "
-            f"`{r['check_numerics_op']}`"
-            if r["check_numerics_detected"] == "True"
-            else "not detected"
-        )
+        tools = [_tool_cell(r, tool) for tool in TOOL_NAMES]
         lines.append(
             f"| `{r['bug']}` | [{r['source']}]({r['url']}) | {r['expected_stage']} / "
             f"{r['expected_cause']} / `{r['expected_op']}` | {harness_cell} | "
-            f"{r['doctor_fix'] or 'none'} | {tna} | {cn} |"
+            f"{r['doctor_fix'] or 'none'} | " + " | ".join(tools) + " |"
         )
     lines += ["", "## Cost per step", "", *_cost(rows), ""]
     return "\n".join(lines)
 
 
+def _tool_cell(row: dict[str, str], tool: str) -> str:
+    if row[f"{tool}_detected"] != "True":
+        return "not detected"
+    op = f", `{row[f'{tool}_op']}`" if row[f"{tool}_op"] else ""
+    return f"step {row[f'{tool}_step']}, {row[f'{tool}_stage']}{op}"
+
+
 def _cost(rows: Sequence[dict[str, str]]) -> list[str]:
+    """The median over the bugs of each tool's median step time in ``fit`` (steps after the
+    first; a bug whose fit stopped at its first step has none), and its ratio to
+    ``TerminateOnNaN``'s on the same bugs."""
     import statistics
 
-    def median(column: str) -> str:
-        values = [float(r[column]) for r in rows if r[column]]
-        return f"{statistics.median(values):.3g} ms" if values else "not measured"
-
-    return [
-        "Median over the bugs of each way's milliseconds per step, over its whole run up to "
-        "where it stopped (tracing included, so short runs weigh their first step): the "
-        f"harness {median('harness_ms_per_step')}, `TerminateOnNaN` "
-        f"{median('terminate_on_nan_ms_per_step')}, check_numerics "
-        f"{median('check_numerics_ms_per_step')}. Healthy-step overheads, measured side by "
-        "side, are in [bench.md](bench.md#sentinel-overhead-per-healthy-step).",
+    lines = [
+        "Each tool's median time per step of `model.fit` on each bug (the steps after the "
+        "first, which traces the step; a fit stopped at its first step has none), its "
+        "median over the bugs, and its ratio to `TerminateOnNaN`'s over the bugs both have:",
+        "",
+        "| tool | bugs timed | median ms per step | ratio to TerminateOnNaN |",
+        "| --- | ---: | ---: | ---: |",
     ]
+    base = "terminate_on_nan_ms_per_step"
+    for tool, name in TOOL_NAMES.items():
+        column = f"{tool}_ms_per_step"
+        timed = [r for r in rows if r[column]]
+        both = [r for r in timed if r[base]]
+        ratios = [float(r[column]) / float(r[base]) for r in both if float(r[base]) > 0]
+        median = f"{statistics.median(float(r[column]) for r in timed):.3g}" if timed else ""
+        ratio = f"{statistics.median(ratios):.2f}" if ratios else ""
+        lines.append(f"| {name} | {len(timed)} | {median} | {ratio} |")
+    return lines

@@ -77,9 +77,10 @@ def failure_epoch(row: Row) -> int | None:
     return min(found) if found else None
 
 
-def has_headroom_warning(row: Row) -> bool:
-    """Whether a finite run came within the warning margin of ``exp``'s limits."""
-    cfg = RowSettings(str(row.get("dtype") or "float32"))
+def has_headroom_warning(row: Row, jit_compile: bool = False) -> bool:
+    """Whether a finite run came within the warning margin of ``exp``'s limits (under XLA,
+    also above half the overflow line: ``run_summary.headroom_warning``)."""
+    cfg = RowSettings(str(row.get("dtype") or "float32"), jit_compile)
     return (
         headroom_warning(_number(row, "max_exp_arg"), _number(row, "min_node_max_logit"), cfg)
         is not None
@@ -125,8 +126,8 @@ class Finding:
         return text or None
 
 
-def find(rows: Sequence[Row]) -> Finding:
-    """The ``Finding`` of the original runs' rows."""
+def find(rows: Sequence[Row], jit_compile: bool = False) -> Finding:
+    """The ``Finding`` of the original runs' rows (of a case with ``jit_compile`` or not)."""
     epochs = tuple(failure_epoch(row) for row in rows)
     failing = [(e, i) for i, e in enumerate(epochs) if e is not None]
     if failing:
@@ -136,7 +137,7 @@ def find(rows: Sequence[Row]) -> Finding:
             return Finding(Cause.INPUT.value, first, epochs, tuple(rows))
         symptom = DIVERGENCE if cause is Cause.NONE else cause.value
         return Finding(symptom, first, epochs, tuple(rows))
-    warned = [row for row in rows if has_headroom_warning(row)]
+    warned = [row for row in rows if has_headroom_warning(row, jit_compile)]
     if warned:
         return Finding(HEADROOM, warned[0], epochs, tuple(rows))
     return Finding(None, None, epochs, tuple(rows))
@@ -167,7 +168,10 @@ class Trial:
     def verdict(self, finding: Finding) -> str:
         if self.case is None or not self.rows:
             return NOT_APPLICABLE
-        warned = [has_headroom_warning(r) for r in self.rows] if finding.symptom == HEADROOM else []
+        jit = self.case.jit_compile
+        warned = (
+            [has_headroom_warning(r, jit) for r in self.rows] if finding.symptom == HEADROOM else []
+        )
         return verdict(finding.epochs, self.epochs, warned)
 
     def final_mae(self) -> float | None:
@@ -339,7 +343,7 @@ def begin(case: Case, variant: str, out: Path, seeds: Sequence[int] | None = Non
 def conclude(run: DoctorRun, candidates: Sequence[str] = ()) -> None:
     """Read the trained original runs: the finding, and, for a failure a remedy can treat,
     the budget and every remedy's trial."""
-    run.finding = find(run.original.rows)
+    run.finding = find(run.original.rows, run.case.jit_compile)
     if run.finding.symptom is None or run.finding.symptom == Cause.INPUT.value:
         return
     run.budget = remedy_budget(run.finding, run.case.epochs)

@@ -159,7 +159,7 @@ def _run_serially(configs, datasets, progress, on_result, desc) -> list[RunResul
             f"{variant_name} seed={config.seed} bs={config.batch_size} lr={config.learning_rate:g}"
         )
         if len(datasets) > 1:
-            label += f" data={datasets.index(dataset)}"
+            label += f" data={position(datasets, dataset)}"
         runs.set_postfix_str(label)
         epochs = tqdm(
             total=config.epochs,
@@ -179,12 +179,18 @@ def _run_serially(configs, datasets, progress, on_result, desc) -> list[RunResul
         finally:
             epochs.close()
         if progress:
-            index = datasets.index(dataset) if len(datasets) > 1 else None
+            index = position(datasets, dataset) if len(datasets) > 1 else None
             runs.write(result.summary_line(index))
         results.append(result)
         if on_result is not None:
             on_result(result)
     return results
+
+
+def position(datasets: list[Dataset], dataset: Dataset) -> int:
+    """``dataset``'s place in ``datasets``, by identity: data sets compare by their arrays,
+    which ``==`` cannot, and a doctor's trials hold equal copies of one data set."""
+    return next(i for i, d in enumerate(datasets) if d is dataset)
 
 
 def check_same_data(store: RunStore, datasets: list[Dataset]) -> None:

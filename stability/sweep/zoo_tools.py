@@ -17,6 +17,7 @@ while it is on, process-wide), one process per bug and tool at a time.
 from __future__ import annotations
 
 import math
+import statistics
 import time
 from dataclasses import asdict, dataclass
 
@@ -29,23 +30,26 @@ from stability.sweep.cases import load_case
 from stability.sweep.runner import case_datasets, run_configs
 from stability.train.failing_op import site_from_error
 from stability.train.keras_input import keras_input
+from stability.train.sentinel import NanSentinel
 from stability.train.trainer import Trainer
 
-TOOLS = ("terminate_on_nan", "check_numerics")
+#: The harness's own callback for ``fit`` (``NanSentinel``) times its steps beside them.
+TOOLS = ("terminate_on_nan", "check_numerics", "nan_sentinel")
 
 
 @dataclass(frozen=True)
 class ToolRun:
     """What one tool saw on one bug: whether it stopped the training (``detected``), at
     which step (1-based, counted over the whole fit), the stage it points at and the op it
-    names (check_numerics only), and the time per step of the whole fit (tracing in)."""
+    names (check_numerics, NanSentinel), and the median time of its steps after the first
+    (the first traces the step), None with fewer than two steps."""
 
     tool: str
     detected: bool
     step: int | None
     stage: str | None
     op: str | None
-    ms_per_step: float
+    ms_per_step: float | None
 
 
 def tool_run(case_path: str, tool: str) -> dict:
@@ -60,12 +64,15 @@ def tool_run(case_path: str, tool: str) -> dict:
     model = recipe.model
     model.compile(optimizer=recipe.optimizer, loss=HarnessLoss(recipe.loss))
     steps = StepCounter()
-    callbacks = [steps]
+    callbacks = [steps.start]
+    sentinel = NanSentinel(verbose=False) if tool == "nan_sentinel" else None
     if tool == "terminate_on_nan":
         callbacks.append(keras.callbacks.TerminateOnNaN())
+    elif sentinel is not None:
+        callbacks.append(sentinel)
+    callbacks.append(steps)
     batches = keras_input(data, "train", batch_size=config.batch_size, seed=config.seed)
     detected, stage, op, step = False, None, None, None
-    started = time.perf_counter()
     if tool == "check_numerics":
         tf.debugging.enable_check_numerics()
     try:
@@ -73,14 +80,18 @@ def tool_run(case_path: str, tool: str) -> dict:
         losses = history.history.get("loss", [])
         if tool == "terminate_on_nan" and (model.stop_training or not _all_finite(losses)):
             detected, stage, step = True, "loss", steps.count
+        if sentinel is not None and sentinel.result.get("first_nan_step") is not None:
+            found = sentinel.result
+            detected, stage, op = True, found["first_nan_where"], found["first_nan_op"]
+            step = found["first_nan_step"]
     except tf.errors.InvalidArgumentError as exc:  # check_numerics found a NaN or Inf
         site = site_from_error(str(exc), layer_names(model), model_name=model.name)
         detected, stage, op, step = True, site.where, site.op, steps.count + 1
     finally:
         if tool == "check_numerics":
             tf.debugging.disable_check_numerics()
-    seconds = time.perf_counter() - started
-    ms = 1e3 * seconds / max(steps.count + (tool == "check_numerics" and detected), 1)
+    later = steps.seconds[1:]
+    ms = 1e3 * statistics.median(later) if later else None
     return asdict(ToolRun(tool, detected, step, stage, op, ms))
 
 
@@ -102,9 +113,18 @@ class HarnessLoss(keras.losses.Loss):
 
 
 class StepCounter(keras.callbacks.Callback):
-    """Counts the fit's finished steps."""
+    """Counts the fit's finished steps and times each, from its batch's start (``start``,
+    the first callback) to its end (this one, the last), every other callback's work on the
+    step included."""
 
-    count = 0
+    def __init__(self):
+        super().__init__()
+        self.count, self.seconds, self.started = 0, [], 0.0
+        self.start = keras.callbacks.LambdaCallback(on_train_batch_begin=self._begin)
+
+    def _begin(self, batch, logs=None):
+        self.started = time.perf_counter()
 
     def on_train_batch_end(self, batch, logs=None):
         self.count += 1
+        self.seconds.append(time.perf_counter() - self.started)

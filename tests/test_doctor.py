@@ -1,0 +1,719 @@
+"""The doctor (issue 28): its verdict rule and its finding on planted rows, the remedy table,
+the report's sentences computed from the rows, the model and data remedies on real built
+models and data, and ``python -m stability doctor`` end to end on examples/my_gat.py."""
+
+import csv
+import os
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from stability import Recipe, TrainConfig, Trainer
+from stability.core.errors import CaseError, RemedyError, StabilityError
+from stability.core.failures import Cause
+from stability.core.limits import exp_limits
+from stability.data import load_dataset
+from stability.data.edge_transform import transform_edges
+from stability.model.variants import get_variant, register_variant
+from stability.report.doctor_report import DOCTOR_FIELDS, doctor_markdown, doctor_rows
+from stability.sweep.cases import Case, parse_case
+from stability.sweep.doctor import (
+    DELAYS,
+    DOES_NOT_HELP,
+    FIXES,
+    NOT_APPLICABLE,
+    ORIGINAL,
+    DoctorRun,
+    Trial,
+    diagnosed_case,
+    failure_epoch,
+    find,
+    has_headroom_warning,
+    median_epoch,
+    remedy_budget,
+    verdict,
+)
+from stability.sweep.remedies import DIVERGENCE, HEADROOM, REMEDIES, SYMPTOMS, case_for, get_remedy
+from stability.sweep.runner import case_datasets, execute_runs, run_configs
+
+ROOT = Path(__file__).resolve().parent.parent
+OVERFLOW, UNDERFLOW = Cause.FORWARD_OVERFLOW.value, Cause.FORWARD_UNDERFLOW.value
+EXPLOSION = Cause.GRADIENT_EXPLOSION.value
+
+
+def failed(epoch, cause=OVERFLOW, seed=0, layer="message_passing_0"):
+    """A planted result row of a run whose first NaN came in ``epoch``."""
+    return {
+        "seed": str(seed),
+        "variant": "raw_e",
+        "dtype": "float32",
+        "first_nan_epoch": str(epoch),
+        "first_nan_step": "1",
+        "first_nan_where": "forward",
+        "first_nan_layer": layer,
+        "first_nan_op": "Exp (softmax_exp)",
+        "failure_cause": cause,
+        "diverged_epoch": "",
+        "final_mae": "",
+        "best_mae": "",
+        "max_exp_arg": "",
+        "min_node_max_logit": "",
+        "warning": "",
+    }
+
+
+def finite(mae=1.0, seed=0, max_exp_arg=10.0, dtype="float32"):
+    """A planted result row of a run that stayed finite."""
+    return {
+        **failed(0, seed=seed),
+        "dtype": dtype,
+        "first_nan_epoch": "",
+        "first_nan_step": "",
+        "first_nan_where": "",
+        "first_nan_layer": "",
+        "first_nan_op": "",
+        "failure_cause": Cause.NONE.value,
+        "final_mae": str(mae),
+        "best_mae": str(mae),
+        "max_exp_arg": str(max_exp_arg),
+        "min_node_max_logit": "-1.0",
+    }
+
+
+# --- the verdict rule ---------------------------------------------------------------------
+
+
+def test_no_failure_within_the_budget_fixes_and_one_failing_seed_does_not():
+    assert verdict([1, 2], [None, None]) == FIXES
+    assert verdict([1, 2], [None, 9]) != FIXES
+    assert verdict([1, 2], [9, None]) != FIXES
+
+
+def test_delays_starts_at_exactly_one_and_a_half_times_the_original_median():
+    original = [4, 4, 4]  # median 4: delays from a median of 6 on
+    assert median_epoch(original) == 4
+    assert verdict(original, [6, 6, 6]) == DELAYS
+    assert verdict(original, [5, 6, 6]) == DELAYS  # median 6
+    assert verdict(original, [5, 5, 6]) == DOES_NOT_HELP  # median 5, just below
+    assert verdict([2, 3], [3, 4]) == DOES_NOT_HELP  # 3.5 < 1.5 * 2.5
+    assert verdict([2, 3], [3, 5]) == DELAYS  # 4 >= 3.75
+    assert verdict([1, 1], [1, 1]) == DOES_NOT_HELP
+
+
+def test_a_run_without_failure_counts_as_beyond_the_budget_in_the_median():
+    assert median_epoch([None, None, 1]) == float("inf")
+    assert median_epoch([None, 3, 1]) == 3
+    # Two of three remedied runs last the budget: the median is beyond any factor.
+    assert verdict([2, 2, 2], [None, None, 1]) == DELAYS
+    assert verdict([2, 2, 2], [None, 1, 1]) == DOES_NOT_HELP
+    # An original whose median run did not fail cannot be delayed.
+    assert verdict([None, None, 1], [None, 50, 50]) == DOES_NOT_HELP
+
+
+def test_a_kept_headroom_warning_is_no_fix():
+    assert verdict([1], [None], warned=[False]) == FIXES
+    assert verdict([1], [None], warned=[True]) != FIXES
+    assert verdict([1, 1], [None, None], warned=[False, True]) != FIXES
+
+
+def test_a_verdict_needs_a_remedied_run():
+    with pytest.raises(ValueError, match="at least one run"):
+        verdict([1], [])
+
+
+# --- the finding --------------------------------------------------------------------------
+
+
+def test_the_symptom_is_the_cause_of_the_earliest_failure():
+    rows = [failed(3, EXPLOSION, seed=0), failed(1, OVERFLOW, seed=1), finite(seed=2)]
+    finding = find(rows)
+    assert finding.symptom == OVERFLOW
+    assert finding.first is rows[1]
+    assert finding.epochs == (3, 1, None)
+    rows = [failed(1, EXPLOSION, seed=0), failed(3, OVERFLOW, seed=1)]
+    assert find(rows).symptom == EXPLOSION
+
+
+def test_a_tie_goes_to_the_first_run():
+    assert find([failed(2, UNDERFLOW), failed(2, EXPLOSION, seed=1)]).symptom == UNDERFLOW
+    assert find([failed(2, EXPLOSION), failed(2, UNDERFLOW, seed=1)]).symptom == EXPLOSION
+
+
+def test_a_run_that_only_diverged_is_divergence():
+    row = {**finite(), "diverged_epoch": "4", "warning": "validation MAE diverged"}
+    finding = find([row, finite(seed=1)])
+    assert finding.symptom == DIVERGENCE
+    assert finding.epochs == (4, None)
+    assert finding.first is row
+
+
+def test_a_finite_run_near_exp_s_overflow_line_is_headroom():
+    line = exp_limits("float32").overflow  # 88.72
+    assert 0.9 * line < 85 < line
+    assert has_headroom_warning(finite(max_exp_arg=85))
+    assert not has_headroom_warning(finite(max_exp_arg=10))
+    assert not has_headroom_warning(finite(max_exp_arg=85, dtype="float64"))
+    warned = finite(max_exp_arg=85, seed=1)
+    finding = find([finite(max_exp_arg=10), warned])
+    assert finding.symptom == HEADROOM and finding.first is warned
+    assert find([finite(max_exp_arg=10)]).symptom is None
+    assert find([finite(max_exp_arg=85, dtype="float64")]).symptom is None
+
+
+def test_the_failure_epoch_is_the_earlier_of_nan_and_divergence():
+    assert failure_epoch({"first_nan_epoch": "5", "diverged_epoch": "3"}) == 3
+    assert failure_epoch({"first_nan_epoch": "2", "diverged_epoch": "7"}) == 2
+    assert failure_epoch({"first_nan_epoch": "", "diverged_epoch": "7"}) == 7
+    assert failure_epoch({"first_nan_epoch": "6", "diverged_epoch": "nan"}) == 6
+    assert failure_epoch({"first_nan_epoch": "", "diverged_epoch": ""}) is None
+    assert failure_epoch({}) is None
+
+
+def test_the_budget_is_three_times_the_latest_failure_or_the_case_s():
+    finding = find([failed(2), failed(5, seed=1), finite(seed=2)])
+    assert remedy_budget(finding, 10) == 15
+    assert remedy_budget(finding, 20) == 20
+    assert remedy_budget(find([failed(1)]), 2) == 3
+    assert remedy_budget(find([finite()]), 7) == 7
+
+
+# --- the table ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("symptom", SYMPTOMS)
+def test_every_remedy_has_a_reason_for_every_symptom(symptom):
+    for remedy in REMEDIES:
+        reason = remedy.reason(symptom)
+        assert reason.strip(), (remedy.name, symptom)
+        assert reason == (remedy.helps[symptom] if remedy.expected(symptom) else remedy.cannot)
+
+
+@pytest.mark.parametrize("symptom", [OVERFLOW, UNDERFLOW])
+def test_the_seed_s_story_in_the_table(symptom):
+    # Issue 28's seed: clipping, a lower rate, a larger batch or epsilon cannot remove a
+    # forward overflow; the stable softmax and the constrained kernel do.
+    for name in ("clip", "lower_lr", "larger_batch", "adam_epsilon"):
+        assert not get_remedy(name).expected(symptom), name
+    for name in ("stable_softmax", "kernel_constraint"):
+        assert get_remedy(name).expected(symptom), name
+    assert get_remedy("clip").expected(EXPLOSION)
+
+
+#: The planted case: three seeds failing (at epochs 1, 2, 2) in message_passing_0.
+PLANTED = Case(
+    name="planted",
+    variants=("raw_e",),
+    seeds=(0, 1, 2),
+    batch_sizes=(16,),
+    learning_rates=(0.01,),
+    epochs=4,
+)
+
+
+def planted_run(outcomes):
+    """A ``DoctorRun`` of planted rows: ``outcomes`` maps a remedy to its runs' rows, or to
+    the reason it cannot apply."""
+    original_case = diagnosed_case(PLANTED, "raw_e", None)
+    rows = [failed(1, seed=0), failed(2, seed=1), failed(2, seed=2)]
+    original = Trial(ORIGINAL, original_case, rows=rows)
+    finding = find(original.rows)
+    run = DoctorRun(PLANTED, "raw_e", original, finding, remedy_budget(finding, PLANTED.epochs))
+    base = replace(original_case, epochs=run.budget)
+    for name, outcome in outcomes.items():
+        remedy = get_remedy(name)
+        if isinstance(outcome, str):
+            run.trials.append(Trial(remedy, None, reason=outcome))
+        else:
+            case = case_for(remedy, base, "raw_e", finding.layer, f"planted__{name}")
+            run.trials.append(Trial(remedy, case, rows=outcome))
+    return run
+
+
+def fine(*maes):
+    return [finite(mae, seed=seed) for seed, mae in enumerate(maes)]
+
+
+def failing(*epochs):
+    return [failed(epoch, seed=seed) for seed, epoch in enumerate(epochs)]
+
+
+def report(run):
+    """The doctor's CSV rows by remedy, and the lines of its markdown."""
+    rows = doctor_rows(run, "planted.toml")
+    return {r["remedy"]: r for r in rows}, doctor_markdown(run, rows, "planted.toml").splitlines()
+
+
+def line(lines, start):
+    """The markdown line that starts with ``start``, or ''."""
+    found = [text for text in lines if text.startswith(start)]
+    assert len(found) <= 1, found
+    return found[0] if found else ""
+
+
+NO_SOFTMAX = "no layer of the model uses a registered softmax"
+
+
+def test_the_report_recommends_the_fix_with_the_lowest_median_mae_and_names_the_surprises():
+    run = planted_run(
+        {
+            "clip": fine(3.0, 3.0, 3.0),  # the table says it cannot help: it fixed
+            "lower_lr": failing(1, 2, 2),
+            "float64": fine(2.0, 2.0, 2.0),
+            "squashed_e": fine(1.0, 1.1, 9.0),  # median 1.1, mean 3.7
+            "kernel_constraint": failing(1, 1, 2),  # expected to help: it did not
+            "stable_softmax": NO_SOFTMAX,
+        }
+    )
+    assert run.finding.symptom == OVERFLOW and run.budget == 6
+    rows, lines = report(run)
+    assert set(rows["clip"]) == set(DOCTOR_FIELDS)
+    assert rows["clip"]["verdict"] == FIXES and rows["clip"]["expected"] == "cannot help"
+    assert rows["clip"]["avoided"] == "3" and rows["clip"]["runs"] == "3"
+    assert rows["squashed_e"]["final_mae"] == "1.1"
+    assert rows["kernel_constraint"]["failure_epochs"] == "1;1;2"
+    assert rows["stable_softmax"]["verdict"] == NOT_APPLICABLE
+    assert rows["stable_softmax"]["runs"] == "0"
+
+    assert "**`squashed_e`**" in line(lines, "Recommended:")
+    assert "the lowest final MAE (1.1" in line(lines, "Recommended:")
+    assert "`float64`" in line(lines, "Recommended:")  # among the other fixes
+    against = line(lines, "Against the table,")
+    assert "`clip`" in against and "float64" not in against and "squashed_e" not in against
+    assert line(lines, "Expected to help, but not a fix here:").endswith(
+        "`kernel_constraint` (does not help)."
+    )
+    assert "`lower_lr` (does not help)" in line(lines, "As the table says,")
+    assert "`clip`" not in line(lines, "As the table says,")
+    table = [text for text in lines if text.startswith("| `stable_softmax`")]
+    assert table and f"not applicable: {NO_SOFTMAX}" in table[0]
+    assert "Symptom: **forward overflow**" in "\n".join(lines)
+
+
+def test_the_report_s_sentences_move_with_the_rows():
+    run = planted_run(
+        {
+            "clip": failing(1, 2, 2),
+            "lower_lr": failing(3, 3, 4),  # median 3 >= 1.5 * 2: delays
+            "float64": fine(1.0, 1.0, 1.2),
+            "squashed_e": fine(1.0, 1.1, 9.0),
+            "kernel_constraint": fine(5.0, 5.0, 5.0),
+            "stable_softmax": "the model has no attention layer",
+        }
+    )
+    rows, lines = report(run)
+    assert rows["lower_lr"]["verdict"] == DELAYS and rows["clip"]["verdict"] == DOES_NOT_HELP
+    assert "**`float64`**" in line(lines, "Recommended:")
+    assert line(lines, "Against the table,") == ""
+    assert line(lines, "Expected to help, but not a fix here:") == ""
+    held = line(lines, "As the table says,")
+    assert "`clip` (does not help)" in held and "`lower_lr` (delays)" in held
+    table = [text for text in lines if text.startswith("| `stable_softmax`")]
+    assert "not applicable: the model has no attention layer" in table[0]
+    assert NO_SOFTMAX not in "\n".join(lines)
+
+
+def test_without_a_fix_the_report_says_so_and_names_what_delayed_it():
+    run = planted_run(
+        {
+            "clip": failing(1, 2, 2),
+            "lower_lr": failing(3, 3, 4),
+            "float64": [finite(2.0), failed(5, seed=1), failed(5, seed=2)],
+        }
+    )
+    rows, lines = report(run)
+    assert run.recommended() is None
+    assert rows["float64"]["verdict"] == DELAYS and rows["float64"]["avoided"] == "1"
+    assert line(lines, "Recommended:") == ""
+    assert line(lines, "No remedy fixed the forward overflow within 6 epochs;") == (
+        "No remedy fixed the forward overflow within 6 epochs; `lower_lr`, `float64` delayed it."
+    )
+    assert "`float64` (delays)" in line(lines, "Expected to help, but not a fix here:")
+
+
+# --- model remedies on built recipes ------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def small_dataset():
+    return load_dataset("synthetic", seed=0, num_graphs=32, min_nodes=3, max_nodes=6)
+
+
+CONFIG = TrainConfig(
+    seed=0, batch_size=16, learning_rate=1e-2, epochs=1, hidden=8, num_layers=2, dtype="float32"
+)
+
+
+def built(name, dataset):
+    return Trainer(get_variant(name), dataset, CONFIG).build()
+
+
+def test_clip_sets_clipnorm_and_the_seed_s_gradient_transform(small_dataset):
+    plain = built("raw_e", small_dataset)
+    assert plain.optimizer.clipnorm is None and plain.gradient_transform is None
+    recipe = built("raw_e+clip", small_dataset)
+    assert recipe.optimizer.clipnorm == 1.0
+    assert recipe.optimizer.learning_rate.numpy() == pytest.approx(CONFIG.learning_rate)
+    (clipped,) = recipe.gradient_transform([tf.constant([30.0, 40.0])])
+    np.testing.assert_allclose(clipped.numpy(), [0.6, 0.8], rtol=1e-6)  # global norm 1
+
+
+def test_adam_epsilon_raises_epsilon_to_1e_4(small_dataset):
+    assert built("raw_e", small_dataset).optimizer.epsilon == pytest.approx(1e-7)
+    assert built("raw_e+adam_epsilon", small_dataset).optimizer.epsilon == pytest.approx(1e-4)
+
+
+def test_stable_softmax_switches_every_attention_layer(small_dataset):
+    assert [p.softmax for p in built("raw_e", small_dataset).model.passes] == ["naive"] * 2
+    model = built("raw_e+stable_softmax", small_dataset).model
+    assert [p.softmax for p in model.passes] == ["stable"] * 2
+
+
+def test_kernel_constraint_acts_on_the_dense_kernels_of_its_layer_only(small_dataset):
+    recipe = built("raw_e+kernel_constraint@message_passing_0", small_dataset)
+    model = recipe.model
+    inside = [model.passes[0].net, model.passes[0].message]
+    outside = [model.embed, model.passes[1].net, model.passes[1].message, model.head]
+    for layer in inside:
+        assert isinstance(layer.kernel.constraint, keras.constraints.MinMaxNorm), layer.kernel.path
+        assert isinstance(layer.kernel.regularizer, keras.regularizers.L2), layer.kernel.path
+    for layer in outside:
+        assert layer.kernel.constraint is None and layer.kernel.regularizer is None, layer.name
+    assert len(model.losses) == len(inside)  # the l2 terms reach the loss
+    # The optimizer applies the constraint after an update: kernels of norm 30 come back
+    # to norm 1 inside the layer and stay 30 outside it.
+    for weight in model.trainable_variables:
+        weight.assign(tf.fill(weight.shape, 10.0))
+    recipe.optimizer.apply_gradients([(tf.zeros_like(w), w) for w in model.trainable_variables])
+    for layer in inside:
+        assert np.linalg.norm(layer.kernel.numpy(), axis=0).max() <= 1.0 + 1e-6
+    for layer in outside:
+        assert np.linalg.norm(layer.kernel.numpy(), axis=0).min() > 1.0
+
+
+def test_kernel_constraint_in_a_layer_the_model_lacks_cannot_apply(small_dataset):
+    with pytest.raises(RemedyError, match="no layer 'nowhere'"):
+        built("raw_e+kernel_constraint@nowhere", small_dataset)
+
+
+class UsersAttention(keras.Model):
+    """A user's model: one naive exp/sum attention, no registered softmax."""
+
+    def __init__(self, hidden, **kwargs):
+        super().__init__(**kwargs)
+        self.embed = keras.layers.Dense(hidden, activation="relu")
+        self.score = keras.layers.Dense(1)
+        self.head = keras.layers.Dense(2)
+
+    def call(self, inputs):
+        h = self.embed(inputs["nodes"])
+        senders, receivers = inputs["senders"], inputs["receivers"]
+        num_nodes = tf.shape(h)[0]
+        edges = tf.cast(inputs["edges"], h.dtype)
+        weight = tf.exp(tf.squeeze(self.score(tf.concat([tf.gather(h, senders), edges], -1)), -1))
+        total = tf.math.unsorted_segment_sum(weight, receivers, num_nodes)
+        alpha = weight / tf.gather(total, receivers)
+        h = h + tf.math.unsorted_segment_sum(
+            alpha[:, None] * tf.gather(h, senders), receivers, num_nodes
+        )
+        pooled = tf.math.unsorted_segment_mean(h, inputs["node_graph"], inputs["num_graphs"])
+        return self.head(pooled)
+
+
+@pytest.mark.parametrize(
+    ("remedy", "message"), [("stable_softmax", "use_softmax"), ("tanh_cap", "use_logit_transform")]
+)
+def test_a_user_model_without_the_layer_hook_cannot_take_the_softmax_remedies(
+    isolated_registries, small_dataset, remedy, message
+):
+    @register_variant
+    def users_attention(ctx):
+        """a user's plain Keras attention"""
+        return Recipe(UsersAttention(ctx.hidden), keras.optimizers.Adam(ctx.learning_rate))
+
+    with pytest.raises(RemedyError) as caught:
+        built(f"users_attention+{remedy}", small_dataset)
+    assert message in str(caught.value) and "\n" not in str(caught.value)
+    # The model-agnostic remedies apply to it.
+    recipe = built("users_attention+kernel_constraint", small_dataset)
+    dense = [recipe.model.embed, recipe.model.score, recipe.model.head]
+    assert all(isinstance(d.kernel.constraint, keras.constraints.MinMaxNorm) for d in dense)
+    assert built("users_attention+clip", small_dataset).optimizer.clipnorm == 1.0
+
+
+@pytest.mark.parametrize(
+    ("name", "message"),
+    [
+        ("raw_e+nope", "unknown model remedy 'nope'"),
+        ("raw_e+clip+clip", "one remedy"),
+        ("raw_e+clip@x", "takes no @layer"),
+        ("+clip", "VARIANT+REMEDY"),
+        ("raw_ee+clip", "Did you mean 'raw_e'?"),
+    ],
+)
+def test_a_bad_remedied_name_is_one_line(name, message):
+    with pytest.raises(StabilityError) as caught:
+        get_variant(name)
+    assert message in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_a_registered_name_cannot_hold_the_remedy_mark(isolated_registries):
+    def builder(ctx):
+        raise AssertionError("never built")
+
+    with pytest.raises(StabilityError, match="reserved for remedied variants"):
+        register_variant(builder, name="mine+clip")
+    with pytest.raises(StabilityError, match="unknown variant 'mine'"):
+        get_variant("mine+clip")
+
+
+# --- data remedies ------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def far_dataset():
+    return load_dataset(
+        "generated",
+        seed=0,
+        num_graphs=40,
+        distribution="outliers",
+        min_distance=0.5,
+        max_distance=4.0,
+        max_outlier=400.0,
+    )
+
+
+def edges_of(graphs):
+    return np.concatenate([g.edges.ravel() for g in graphs]).astype(np.float64)
+
+
+def test_standardized_edges_have_the_training_set_s_mean_0_and_std_1(far_dataset):
+    assert edges_of(far_dataset.train).min() > 0
+    standard = transform_edges(far_dataset, "standardized")
+    train = edges_of(standard.train)
+    assert abs(train.mean()) < 1e-5 and train.std() == pytest.approx(1.0, rel=1e-4)
+    assert train.min() < 0  # negative edges are allowed now
+    mean, std = far_dataset.edge_mean, far_dataset.edge_std
+    np.testing.assert_allclose(
+        edges_of(standard.val), (edges_of(far_dataset.val) - mean) / std, rtol=1e-5, atol=1e-6
+    )
+    assert standard.key != far_dataset.key and far_dataset.key in standard.key
+    assert [g.target for g in standard.train] == [g.target for g in far_dataset.train]
+
+
+def test_squashed_edges_lie_between_0_and_1(small_dataset, far_dataset):
+    squashed = transform_edges(small_dataset, "squashed")
+    edges = edges_of(squashed.train + squashed.val)
+    assert ((edges > 0) & (edges < 1)).all()
+    np.testing.assert_allclose(
+        edges, 1 / (1 + np.exp(-edges_of(small_dataset.train + small_dataset.val))), rtol=1e-6
+    )
+    far = edges_of(transform_edges(far_dataset, "squashed").train)
+    assert ((far > 0) & (far <= 1)).all()  # a distance of 400 squashes to 1.0 in floats
+    keys = {small_dataset.key, squashed.key, transform_edges(small_dataset, "standardized").key}
+    assert len(keys) == 3
+
+
+def test_the_case_key_edge_transform_reaches_the_data_and_refuses_a_bad_value():
+    text = 'name = "e"\n[dataset]\nname = "synthetic"\nnum_graphs = 20\n'
+    (plain,) = case_datasets(parse_case(text))
+    (squashed,) = case_datasets(parse_case('edge_transform = "squashed"\n' + text))
+    assert edges_of(plain.train).max() > 1 and edges_of(squashed.train).max() < 1
+    with pytest.raises(CaseError) as caught:
+        parse_case('edge_transform = "bogus"\n' + text)
+    message = str(caught.value)
+    assert "edge_transform" in message and "'bogus'" in message and "\n" not in message
+    assert all(name in message for name in ("none", "standardized", "squashed"))
+
+
+# --- the doctor's own training ------------------------------------------------------------
+
+
+def test_one_serial_sweep_trains_the_trials_of_equal_data_sets():
+    # The doctor trains every remedy in one sweep, each with its own copy of the same data
+    # (case_datasets per trial: equal Dataset objects, not the same one), serially unless
+    # --workers is given. The sweep must tell the copies apart without comparing graphs.
+    case = Case(
+        name="two",
+        variants=("raw_e",),
+        seeds=(0,),
+        batch_sizes=(16,),
+        learning_rates=(0.01,),
+        epochs=1,
+        hidden=8,
+        dataset="synthetic",
+        dataset_params={"num_graphs": 24, "min_nodes": 3, "max_nodes": 5},
+    )
+    datasets = case_datasets(case) + case_datasets(case)
+    assert datasets[0] is not datasets[1] and datasets[0].key == datasets[1].key
+    (_, config), *_ = run_configs(case)
+    configs = [(datasets[1], "raw_e+clip", config), (datasets[0], "raw_e", config)]
+    results = execute_runs(configs, datasets, False, None, "remedies")
+    assert [r.variant for r in results] == ["raw_e+clip", "raw_e"]
+
+
+# --- the command line, end to end ---------------------------------------------------------
+
+#: examples/my_gat.toml, smaller: distance outliers up to 400 overflow my_gat in epoch 1.
+MY_GAT_CASE = """
+name = "small_gat"
+plugins = ["{plugin}"]
+variants = ["my_gat"]
+seeds = [0]
+batch_sizes = [32]
+learning_rates = [0.01]
+epochs = 3
+
+[model]
+hidden = 8
+
+[dataset]
+name = "generated"
+seed = 0
+num_graphs = 64
+distribution = "outliers"
+min_distance = 0.5
+max_distance = 4.0
+max_outlier = 400.0
+"""
+
+
+def stability(*args):
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TF_CPP_MIN_LOG_LEVEL": "2"}
+    return subprocess.run(
+        [sys.executable, "-m", "stability", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+
+
+def my_gat_case(folder):
+    path = folder / "small_gat.toml"
+    path.write_text(MY_GAT_CASE.format(plugin=(ROOT / "examples" / "my_gat.py").as_posix()))
+    return path
+
+
+def read_csv(path):
+    with path.open(newline="") as handle:
+        return list(csv.DictReader(handle))
+
+
+def one_line_error(done):
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("stability: error: "), done.stderr
+    return lines[0]
+
+
+@pytest.fixture(scope="module")
+def doctored(tmp_path_factory):
+    """One doctor of my_gat on the small case: (the process, its --out, the case file)."""
+    folder = tmp_path_factory.mktemp("doctor")
+    case = my_gat_case(folder)
+    out = folder / "out"
+    done = stability("doctor", str(case), "--variant", "my_gat", "--out", str(out))
+    assert "Traceback" not in done.stderr, done.stderr
+    return done, out, case
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("doctor")
+def test_the_exit_code_follows_the_doctor_csv_and_clipping_does_not_fix_the_overflow(doctored):
+    done, out, _ = doctored
+    rows = read_csv(out / "small_gat.doctor.csv")
+    assert set(rows[0]) >= {
+        "remedy",
+        "runs",
+        "avoided",
+        "verdict",
+        "first_failure_epoch",
+        "final_mae",
+    }
+    by_remedy = {r["remedy"]: r for r in rows}
+    assert set(by_remedy) == {r.name for r in REMEDIES}
+    fixed = any(r["verdict"] == FIXES for r in rows)
+    assert done.returncode == (0 if fixed else 1), done.stderr
+    # Issue 28: gradient clipping does not fix a forward overflow.
+    assert by_remedy["clip"]["runs"] == "1"
+    assert by_remedy["clip"]["verdict"] != FIXES
+    assert by_remedy["clip"]["expected"] == "cannot help"
+    # my_gat has no registered softmax: the softmax remedies cannot apply, and say why.
+    assert by_remedy["stable_softmax"]["verdict"] == NOT_APPLICABLE
+    assert "use_softmax" in by_remedy["stable_softmax"]["reason"]
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("doctor")
+def test_the_markdown_recommends_the_fix_the_csv_implies(doctored):
+    done, out, _ = doctored
+    rows = read_csv(out / "small_gat.doctor.csv")
+    text = (out / "small_gat.doctor.md").read_text()
+    assert "Symptom: **forward overflow**" in text
+    fixes = [r for r in rows if r["verdict"] == FIXES]
+    if not fixes:
+        assert "No remedy fixed the forward overflow" in text and "Recommended:" not in text
+        return
+    best = min(float(r["final_mae"]) for r in fixes)
+    cheapest = {r["remedy"] for r in fixes if float(r["final_mae"]) == best}
+    (recommended,) = [t for t in text.splitlines() if t.startswith("Recommended:")]
+    named = recommended.split("**`")[1].split("`**")[0]
+    assert named in cheapest, (recommended, cheapest)
+    assert done.stderr.strip().splitlines()[-1].endswith(f"fixed by {named}")
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("doctor")
+def test_every_applied_remedy_has_its_own_store(doctored):
+    _, out, _ = doctored
+    runs = out / "small_gat.doctor"
+    original = read_csv(runs / "small_gat__original.csv")
+    assert [(r["variant"], r["seed"]) for r in original] == [("my_gat", "0")]
+    assert (runs / "small_gat__original.runs.sqlite").is_file()
+    for row in read_csv(out / "small_gat.doctor.csv"):
+        store = runs / f"small_gat__{row['remedy']}"
+        if row["verdict"] == NOT_APPLICABLE:
+            assert not store.with_suffix(".runs.sqlite").exists(), row["remedy"]
+            continue
+        assert store.with_suffix(".runs.sqlite").is_file(), row["remedy"]
+        held = read_csv(store.with_suffix(".csv"))
+        assert len(held) == int(row["runs"]) == 1, row["remedy"]
+        assert held[0]["variant"] == row["variant"] and held[0]["epochs"] == row["budget"]
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("doctor")
+def test_a_second_doctor_needs_resume_or_overwrite_and_resume_reruns_nothing(doctored):
+    _, out, case = doctored
+    runs = out / "small_gat.doctor"
+    before = {p.name: p.read_bytes() for p in runs.glob("*.csv")}
+    report = (out / "small_gat.doctor.csv").read_text()
+    again = stability("doctor", str(case), "--variant", "my_gat", "--out", str(out))
+    refused = one_line_error(again)
+    assert "--resume" in refused and "--overwrite" in refused
+    resumed = stability("doctor", str(case), "--variant", "my_gat", "--out", str(out), "--resume")
+    assert "Traceback" not in resumed.stderr, resumed.stderr
+    assert (out / "small_gat.doctor.csv").read_text() == report
+    # A rerun would have written new rows (their wall_seconds) into a store's CSV.
+    assert {p.name: p.read_bytes() for p in runs.glob("*.csv")} == before
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--variant", "my_gatt"], "Did you mean 'my_gat'?"),
+        (["--variant", "my_gat", "--seeds", "x"], "--seeds 'x'"),
+    ],
+)
+def test_bad_doctor_input_is_one_line_and_exit_2(tmp_path, flags, message):
+    done = stability("doctor", str(my_gat_case(tmp_path)), *flags, "--out", str(tmp_path / "out"))
+    assert message in one_line_error(done)
+    assert not (tmp_path / "out" / "small_gat.doctor").exists()
