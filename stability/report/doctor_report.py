@@ -9,6 +9,7 @@ from __future__ import annotations
 import csv
 import io
 import math
+import statistics
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -42,6 +43,7 @@ DOCTOR_FIELDS = (
     "budget",
     "reason",
     "command",
+    "epoch_time_vs_original",
 )
 
 
@@ -79,7 +81,24 @@ def trial_row(run: DoctorRun, trial: Trial, case_path: str) -> dict[str, str]:
         "budget": str(run.budget),
         "reason": trial.reason if verdict == NOT_APPLICABLE else trial.remedy.reason(symptom),
         "command": command(case_path, trial.case, run.case) if trial.case else "",
+        "epoch_time_vs_original": _g(_ratio(epoch_seconds(trial), epoch_seconds(run.original)), 3),
     }
+
+
+def epoch_seconds(trial: Trial) -> float | None:
+    """The median over a trial's runs of their seconds per epoch trained (a run that failed
+    stopped in its failing epoch): what a remedy costs in time, float64's among others."""
+    values = []
+    for row in trial.rows:
+        seconds = float(row.get("wall_seconds") or "nan")
+        epochs = float(row.get("first_nan_epoch") or row.get("epochs") or "nan")
+        if math.isfinite(seconds) and math.isfinite(epochs) and epochs > 0:
+            values.append(seconds / epochs)
+    return statistics.median(values) if values else None
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a is not None and b else None
 
 
 def doctor_rows(run: DoctorRun, case_path: str) -> list[dict[str, str]]:
@@ -192,8 +211,8 @@ def run_reason(run: DoctorRun, row: dict[str, str]) -> str:
 def _table(run: DoctorRun, rows: Sequence[dict[str, str]]) -> list[str]:
     lines = [
         "| remedy | family | expected | runs | avoided | verdict | median failure epoch | "
-        "final MAE | vs best fix | vs original best |",
-        "| --- | --- | --- | ---: | ---: | --- | ---: | ---: | ---: | ---: |",
+        "final MAE | vs best fix | vs original best | time per epoch vs original |",
+        "| --- | --- | --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: |",
     ]
     for r in rows:
         verdict = f"**{r['verdict']}**" if r["verdict"] == FIXES else r["verdict"]
@@ -203,7 +222,8 @@ def _table(run: DoctorRun, rows: Sequence[dict[str, str]]) -> list[str]:
         lines.append(
             f"| `{r['remedy']}` | {r['family']} | {r['expected']} | {r['runs']} | "
             f"{r['avoided']} | {verdict} | {epoch} | {r['final_mae']} | "
-            f"{r['mae_vs_best_fix']} | {r['mae_vs_original_best']} |"
+            f"{r['mae_vs_best_fix']} | {r['mae_vs_original_best']} | "
+            f"{r['epoch_time_vs_original']} |"
         )
     original = run.original_best_mae()
     before = median_epoch(run.finding.epochs)
@@ -216,7 +236,9 @@ def _table(run: DoctorRun, rows: Sequence[dict[str, str]]) -> list[str]:
         "without a failure counts as failing beyond the budget. Final MAE: the median over "
         "the runs that have one; *vs best fix* divides it by the recommended fix's, *vs "
         "original best* by the original runs' median best MAE before they failed ("
-        f"{_g(original) or 'none'}).",
+        f"{_g(original) or 'none'}). *Time per epoch vs original*: the median seconds per "
+        "epoch of its runs over the original runs', as this doctor's runs measured them (how "
+        "many runs trained at once, and other work on the machine, move it).",
     ]
     return lines
 
