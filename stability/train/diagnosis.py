@@ -93,6 +93,17 @@ class Diagnosis:
             site = self._replayed_site(batch, fed, stage_of(check))
         # A replay that stayed finite would contradict the check; report what it saw.
         site = site or NanSite(stage_of(check))
+        if stage_of(check) == "gradient" and site.where in ("forward", "loss"):
+            # The guard saw every forward tensor and the loss finite, so the non-finite
+            # value the replay met there was discarded in the forward pass (the unused
+            # branch of a tf.where, tensorflow/tensorflow#38349) and reaches only the
+            # gradient: the failure is the gradient's, through that op.
+            site = dataclasses.replace(
+                site,
+                where="gradient",
+                op=f"{site.op}, discarded in the forward pass, non-finite in its gradient",
+                evidence=None,
+            )
         if check == "gradient" and report.passed("transform"):
             # The raw gradient was not finite and the transform made it finite: the run
             # would have trained on as if healthy.
