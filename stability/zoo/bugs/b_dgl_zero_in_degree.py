@@ -4,13 +4,13 @@ overflows the next layer.
 dmlc/dgl#761 (https://github.com/dmlc/dgl/issues/761), "[Bug] Reduce with max built-in
 having different behavior comparing to UDF": DGL's built-in ``fn.max`` reduce left a node
 with no in-edge at ``-inf``, and a maintainer pointed out that a classifier fed that
-feature gets NaN everywhere. ``tf.math.unsorted_segment_max`` does the same in TensorFlow:
-an empty segment is ``numeric_limits<T>::lowest()``, -3.4e38 in float32, finite, so
-nothing flags it until the next ``Dense`` sums a few of them times weights of order one
-and overflows to inf (and inf - inf to NaN). DGL then set every reduce result of a
-zero-in-degree node to 0 (dmlc/dgl#2011, "Set reduce results to all zero for nodes with
-zero in-degrees") and made ``GraphConv``/``GATConv`` refuse such graphs unless built with
-``allow_zero_in_degree=True``.
+feature gets a gradient that is NaN everywhere. ``tf.math.unsorted_segment_max`` does the
+same in TensorFlow: an empty segment is ``numeric_limits<T>::lowest()``, -3.4e38 in
+float32, finite, so nothing flags it until the next ``Dense`` sums a few of them times
+weights of order one and overflows to inf (and inf - inf to NaN). DGL later set every
+reduce result of a zero-in-degree node to 0 (dmlc/dgl#2011, "Set reduce results to all zero
+for nodes with zero in-degrees") and made ``GraphConv``/``GATConv`` refuse such graphs
+unless built with ``allow_zero_in_degree=True``.
 
 The model is a GraphSAGE with the max-pool aggregator in plain Keras; the ``generated``
 data set's random directed edges leave many nodes with no incoming edge.

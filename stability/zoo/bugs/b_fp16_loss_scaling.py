@@ -8,8 +8,9 @@ multiplies the loss by a large factor (Keras starts its dynamic scale at 2^15) s
 small float16 gradients do not flush to 0; it presumes the loss itself is float32. Under
 ``mixed_float16`` a model's last layer computes in float16 unless told otherwise, so its
 predictions, the loss computed from them and the scaled loss are float16, and any loss
-above 65504 / 32768 = 2 scales to inf. The issue was closed awaiting a reproducer; the
-TensorFlow mixed-precision guide's rule is the answer: make the model's outputs float32
+above 65504 / 32768 = 2 scales to inf. The issue was closed (labelled awaiting response)
+with no change to Keras; the TensorFlow mixed-precision guide's rule is the answer: make
+the model's outputs float32
 (``dtype="float32"`` on the last layer), so that the loss and its scaling are float32.
 
 The model is a plain Keras GNN under ``mixed_float16`` whose head keeps the policy's

@@ -4,9 +4,10 @@ mlx-graphs/mlx-graphs#18 (https://github.com/mlx-graphs/mlx-graphs/pull/18), "Ad
 for inf values in GCN": the library's ``GCNConv`` computed ``deg ** -0.5`` with nothing
 to catch a node of degree 0, whose factor is inf; PyTorch Geometric's ``gcn_norm`` zeroes
 those entries (``deg_inv_sqrt.masked_fill_(deg_inv_sqrt == inf, 0)``, Kipf's reference
-code does ``d_inv_sqrt[np.isinf(d_inv_sqrt)] = 0``), but MLX had no boolean indexing then.
-The merged fix added a small epsilon to the degree before the power; mlx-graphs#146 later
-replaced it with ``mx.where`` once MLX handled inf there (mlx-graphs#117).
+code does ``d_inv_sqrt[np.isinf(d_inv_sqrt)] = 0``), but MLX had no boolean indexing then,
+so the pull request worked around it with a small epsilon on the degree before the power;
+mlx-graphs#146 later replaced the workaround with ``mx.where`` once MLX handled inf there
+(mlx-graphs#117).
 
 The model is a GCN written the way DGL's ``GraphConv(norm="both")`` computes it, with
 the degree clamp left out: scale the node states by ``deg^-1/2``, sum over the incoming

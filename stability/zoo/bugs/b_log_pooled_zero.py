@@ -5,8 +5,9 @@ rusty1s/pytorch_scatter#368 (https://github.com/rusty1s/pytorch_scatter/issues/3
 behind log-sum-exp and softmax aggregations in PyTorch Geometric) returned NaN at every
 output index that no input element maps to, the nodes with no incoming edge of a message
 passing layer. The pooled value there is an empty sum of exponentials, 0, and its log is
--inf. The maintainer fixed it in rusty1s/pytorch_scatter#369 by computing the log only
-where the sum is positive and leaving the other entries at their fill value.
+-inf. The maintainer fixed it in rusty1s/pytorch_scatter#369 by mapping the non-finite
+results to 0 (``out.nan_to_num_(neginf=0.0)``), which in turn made a segment of only -inf
+entries return 0 instead of -inf (rusty1s/pytorch_scatter#407).
 
 The model aggregates each node's incoming messages with a log-sum-exp (a smooth maximum,
 as DeeperGCN's softmax-style aggregators), written the stable way, with the segment
@@ -84,7 +85,7 @@ BUG = ZooBug(
     op="Log",
     cause="forward overflow",
     fix=(
-        "take the log only where the pooled sum is positive and leave empty segments at "
-        "their fill value (rusty1s/pytorch_scatter#369)"
+        "map the empty segments' non-finite results to 0, out.nan_to_num_(neginf=0.0) "
+        "(rusty1s/pytorch_scatter#369)"
     ),
 )

@@ -1,9 +1,9 @@
 """DimeNet's radial Bessel basis ``sin(n pi d / c) / d`` at a zero distance: ``0 / 0``.
 
 deepmodeling/deepmd-kit#874 (https://github.com/deepmodeling/deepmd-kit/issues/874), "Got
-nan value in output": a user's own training data gave NaN in ``lcurve.out`` from the first
-steps while the example data trained; a maintainer reproduced it and found that some atoms
-overlapped, so that a radial term dividing by the distance saw ``r = 0``, and proposed a
+nan value in output": a user's own training data gave NaN in ``lcurve.out`` while the
+example data trained; a maintainer reproduced it and found that some atoms overlapped
+(DeePMD's descriptor is built from ``1 / r``, which is inf at ``r = 0``), and proposed a
 check that rejects such data. Overlapping atoms are common in real structure files: a CIF
 with partial occupancy (two elements sharing a site) converts to two atoms at one
 position (lab-cosmo/librascal#319 is the same NaN from such a file).

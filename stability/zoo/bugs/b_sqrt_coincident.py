@@ -132,7 +132,7 @@ def zoo_b_missing_conformers(
 
 @register_variant
 def zoo_b_sqrt_coincident(ctx):
-    """DGL's EGNNConv x3 on |x_i - x_j|: sqrt's gradient at coincident atoms is NaN"""
+    """DGL's EGNNConv x2 on |x_i - x_j|: sqrt's gradient at coincident atoms is NaN"""
     return Recipe(model=EGNN(ctx.hidden), optimizer=keras.optimizers.Adam(ctx.learning_rate))
 
 

@@ -7,7 +7,7 @@ NaN if input is zero vector": ``K.std(x)`` was ``sqrt(var(x))``, so its gradient
 ``x - mean(x) = 0``: NaN in every weight behind it (the reporter met it in
 ``BatchNormalization`` on inputs that were sometimes all zero). The maintainer agreed to
 expose ``K.var`` so that layers compute ``sqrt(var + epsilon)``, with the epsilon inside
-the root, and the reporter's pull request did so.
+the root, and the reporter opened the pull request.
 
 The model reads each molecule out by the mean and the standard deviation of its atoms'
 states (the "mean + std" readout of PNA-style aggregators), with the standard deviation
@@ -119,5 +119,8 @@ BUG = ZooBug(
     stage="gradient",
     op="Sqrt",
     cause="non-finite gradient op",
-    fix="compute the std as sqrt(var + epsilon), the epsilon inside the root (K.var exposed)",
+    fix=(
+        "expose K.var and compute the std as sqrt(var + epsilon), the epsilon inside the "
+        "root (agreed by the maintainer, pull request by the reporter)"
+    ),
 )
