@@ -13,10 +13,10 @@ from hypothesis import strategies as st
 
 from stability.data.hypothesis_engine import PRIVATE_API as HYPOTHESIS_PRIVATE
 from stability.data.hypothesis_engine import draw
-from stability.model.network import GraphNetwork
-from stability.train.failing_op import failing_node
 from stability.model.keras_layers import PRIVATE_API as KERAS_PRIVATE
 from stability.model.keras_layers import layer_names
+from stability.model.network import GraphNetwork
+from stability.train.failing_op import failing_node
 from stability.train.keras_private import COMPUTE_LOSS_ARGS, is_slot_of, slot_name
 from stability.train.tf_private import (
     GRADIENT_SCOPE,
@@ -114,6 +114,30 @@ def test_a_scope_entered_twice_is_uniquified_with_a_suffix():
     scopes = {op.name.split("/")[0] for op in graph.get_operations() if op.type == "Exp"}
     assert scopes == {"block", "block_1"}, scopes
     assert {strip_uniquifier(s, {"block"}) for s in scopes} == {"block"}
+
+
+def test_keras_enters_a_layers_scope_twice_so_sibling_layers_strip_to_their_own_names():
+    """Two sibling layers of one class, ``twin`` and ``twin_1``: in a traced call their ops
+    sit in ``twin_1`` and ``twin_1_2`` (each layer's scope is entered twice, and the first
+    entry takes the plain name); ``strip_uniquifier`` maps each to its own layer."""
+
+    class Twin(keras.layers.Layer):
+        def call(self, x):
+            return tf.exp(x)
+
+    class Pair(keras.Model):
+        def __init__(self):
+            super().__init__(name="pair")
+            self.first, self.second = Twin(name="twin"), Twin(name="twin_1")
+
+        def call(self, x):
+            return self.second(self.first(x))
+
+    model = Pair()
+    traced = tf.function(model).get_concrete_function(tf.constant([1.0]))
+    exps = [op.name.split("/") for op in traced.graph.get_operations() if op.type == "Exp"]
+    known = {"twin", "twin_1"}
+    assert [strip_uniquifier(scope[-2], known) for scope in exps] == ["twin", "twin_1"], exps
 
 
 def test_a_captured_variable_is_paired_with_its_placeholder():
