@@ -18,8 +18,8 @@ import tensorflow as tf
 
 from stability import Recipe, StabilityError, TrainConfig, Trainer, Variant
 from stability.data import load_dataset
-from stability.train.failing_op import layer_path
 from stability.model.keras_layers import layer_names
+from stability.train.failing_op import layer_path
 from stability.train.replay import replay_step
 
 ROOT = Path(__file__).resolve().parent.parent
