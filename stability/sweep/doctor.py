@@ -29,16 +29,17 @@ from typing import TYPE_CHECKING
 from stability.core.errors import RemedyError, StabilityError
 from stability.core.failures import Cause, read_cause
 from stability.data import Dataset
+from stability.data.edge_transform import transform_edges
 from stability.model.variants import get_variant
 from stability.sweep.cases import Case
 from stability.sweep.remedies import DIVERGENCE, HEADROOM, REMEDIES, Remedy, candidate, case_for
 from stability.sweep.runner import (
     build_variants,
-    case_datasets,
     check_same_data,
     config_key,
     execute_runs,
     run_configs,
+    source_datasets,
 )
 from stability.sweep.store import RunStore
 from stability.train.run_summary import RowSettings, headroom_warning
@@ -241,6 +242,23 @@ def plan(run: DoctorRun, candidates: Sequence[str] = ()) -> list[Trial]:
             continue
         trials.append(Trial(remedy, remedied, run.original.folder))
     return trials
+
+
+#: Data sets already built, by what builds them: every remedy of a doctor (and every doctor
+#: of the zoo) trains on its case's data, and a generated data set takes seconds to draw.
+_BUILT: dict[tuple, list[Dataset]] = {}
+
+
+def case_datasets(case: Case) -> list[Dataset]:
+    """``runner.case_datasets`` of ``case``, each data set built once per process."""
+    params = tuple(sorted((k, repr(v)) for k, v in case.dataset_params.items()))
+    source = (case.dataset, params, case.num_datasets, case.allow_nonfinite_input)
+    if source not in _BUILT:
+        _BUILT[source] = source_datasets(case)
+    key = (*source, case.edge_transform)
+    if key not in _BUILT:
+        _BUILT[key] = [transform_edges(d, case.edge_transform) for d in _BUILT[source]]
+    return _BUILT[key]
 
 
 def _check_applies(remedy: Remedy, case: Case) -> None:

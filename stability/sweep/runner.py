@@ -47,15 +47,17 @@ def case_datasets(case: Case) -> list[Dataset]:
     """The case's ``num_datasets`` data sets, data set k built with seed ``dataset.seed + k``,
     so the same case always gives the same data sets, shared by every variant; each with
     the case's ``edge_transform`` applied."""
+    return [transform_edges(d, case.edge_transform) for d in source_datasets(case)]
+
+
+def source_datasets(case: Case) -> list[Dataset]:
+    """The case's data sets as its data set builds them, before ``edge_transform``."""
     params = {"seed": 0, **case.dataset_params}
     return [
-        transform_edges(
-            load_dataset(
-                case.dataset,
-                allow_nonfinite=case.allow_nonfinite_input,
-                **{**params, "seed": params["seed"] + k},
-            ),
-            case.edge_transform,
+        load_dataset(
+            case.dataset,
+            allow_nonfinite=case.allow_nonfinite_input,
+            **{**params, "seed": params["seed"] + k},
         )
         for k in range(case.num_datasets)
     ]
