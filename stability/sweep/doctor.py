@@ -42,6 +42,7 @@ from stability.sweep.runner import (
     source_datasets,
 )
 from stability.sweep.store import RunStore
+from stability.train.probe import error_line
 from stability.train.run_summary import RowSettings, headroom_warning
 from stability.train.trainer import Trainer
 
@@ -296,11 +297,14 @@ def train_trials(
     workers: int,
     cluster: RayCluster | None,
     desc: str,
+    tolerate: bool = False,
 ) -> None:
     """Train every applicable trial's runs at once (one sweep over all of them, so
     ``workers`` stay busy across trials), each into its own store in its folder, and read
     back every trial's rows for the seeds asked for (resumed runs included). The trials
-    may belong to several doctors (the zoo's)."""
+    may belong to several doctors (the zoo's). With ``tolerate``, a run that raises (a
+    remedied variant whose step cannot be traced, say) makes its trial not applicable, with
+    the error, instead of ending the sweep."""
     active = [t for t in trials if t.case is not None]
     stores: dict[str, RunStore] = {}
     configs, all_datasets = [], []
@@ -319,20 +323,30 @@ def train_trials(
                 for variant, config in run_configs(case)
                 if config_key(variant, config, dataset) not in store.done
             ]
+        ordered = _longest_first(configs)
+        broken: dict[tuple[str, str], str] = {}
+
+        def on_error(index: int, exc: Exception) -> None:
+            _, variant, config = ordered[index]
+            broken[(config.case, variant)] = f"it fails to train: {error_line(exc)}"
+
         execute_runs(
-            _longest_first(configs),
+            ordered,
             all_datasets,
             progress,
             lambda result: stores[(result.case, result.variant)].add(result),
             desc,
             workers,
             cluster,
+            on_error if tolerate else None,
         )
         for trial in active:
             wanted = {str(s) for s in trial.case.seeds}
             rows = stores[_store_key(trial)].rows()
             names = set(trial.case.variants)
             trial.rows = [r for r in rows if r["seed"] in wanted and r["variant"] in names]
+            if _store_key(trial) in broken:
+                trial.reason, trial.case, trial.rows = broken[_store_key(trial)], None, []
     finally:
         for store in stores.values():
             store.finish()
@@ -394,5 +408,7 @@ def doctor(
     if run.trials:
         applicable = sum(t.case is not None for t in run.trials)
         say(f"{run.finding.symptom}: rerunning {applicable} remedies for {run.budget} epochs")
-        train_trials(run.trials, progress, resume, overwrite, workers, cluster, "remedies")
+        train_trials(
+            run.trials, progress, resume, overwrite, workers, cluster, "remedies", tolerate=True
+        )
     return run

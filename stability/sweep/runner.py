@@ -133,10 +133,13 @@ def execute_runs(
     desc: str,
     workers: int = 1,
     cluster: RayCluster | None = None,
+    on_error: Callable[[int, Exception], None] | None = None,
 ) -> list[RunResult]:
     """Train ``configs`` (data set, variant, config) serially, in ``workers`` processes or
     on ``cluster``, as ``run_case`` describes; ``datasets`` number the data sets in the
-    progress output. Returns the results in the order of ``configs``.
+    progress output. Returns the results in the order of ``configs``. ``on_error`` (not on
+    a cluster) takes a run that raises, by its index, instead of ending the sweep
+    (``workers.run_in_workers``).
 
     A serial sweep trains in this process when its TensorFlow runs the runs' thread layout
     (or can still be pinned to it), else in one worker process of that layout."""
@@ -149,14 +152,14 @@ def execute_runs(
 
         if cluster is not None:
             return cluster.run(configs, progress, on_result, desc, intra)
-        return run_in_workers(configs, workers, progress, on_result, desc, intra)
-    return _run_serially(configs, datasets, progress, on_result, desc)
+        return run_in_workers(configs, workers, progress, on_result, desc, intra, on_error)
+    return _run_serially(configs, datasets, progress, on_result, desc, on_error)
 
 
-def _run_serially(configs, datasets, progress, on_result, desc) -> list[RunResult]:
+def _run_serially(configs, datasets, progress, on_result, desc, on_error=None) -> list[RunResult]:
     results: list[RunResult] = []
     runs = tqdm(configs, desc=desc, unit="run", disable=not progress, dynamic_ncols=True)
-    for dataset, variant_name, config in runs:
+    for index, (dataset, variant_name, config) in enumerate(runs):
         label = (
             f"{variant_name} seed={config.seed} bs={config.batch_size} lr={config.learning_rate:g}"
         )
@@ -178,6 +181,11 @@ def _run_serially(configs, datasets, progress, on_result, desc) -> list[RunResul
 
         try:
             result = Trainer(get_variant(variant_name), dataset, config, on_epoch).run()
+        except Exception as exc:
+            if on_error is None:
+                raise
+            on_error(index, exc)
+            continue
         finally:
             epochs.close()
         if progress:

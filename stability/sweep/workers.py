@@ -108,8 +108,9 @@ class Progress:
 
 
 def in_serial_order(finished: dict[int, RunResult], total: int) -> list[RunResult]:
-    """The results of runs ``0 .. total - 1``, given by index in any order."""
-    return [finished[index] for index in range(total)]
+    """The results of runs ``0 .. total - 1``, given by index in any order (a run left out
+    by ``on_error`` has none)."""
+    return [finished[index] for index in range(total) if index in finished]
 
 
 def run_in_workers(
@@ -119,12 +120,15 @@ def run_in_workers(
     on_result: Callable[[RunResult], None] | None = None,
     desc: str = "runs",
     intra_threads: int = 1,
+    on_error: Callable[[int, Exception], None] | None = None,
 ) -> list[RunResult]:
     """Train every run of ``configs`` in ``workers`` processes of ``intra_threads`` x 1
     threads (the runs' layout, ``TrainConfig.threads``).
 
     ``on_result`` sees each result as soon as its run finishes, in the order they finish;
-    the list returned is in the order of ``configs``.
+    the list returned is in the order of ``configs``. A run that raises ends the sweep,
+    unless ``on_error(index, error)`` takes it: then the run is left out and the rest go on
+    (the doctor's remedies: a remedied variant that cannot train is not applicable).
     """
     if workers < 1:
         raise StabilityError(f"--workers {workers} must be at least 1")
@@ -143,7 +147,13 @@ def run_in_workers(
         futures = {pool.submit(train_run, *run): index for index, run in enumerate(configs)}
         try:
             for future in as_completed(futures):
-                result = future.result()
+                try:
+                    result = future.result()
+                except Exception as exc:
+                    if on_error is None:
+                        raise
+                    on_error(futures[future], exc)
+                    continue
                 finished[futures[future]] = result
                 if on_result is not None:
                     on_result(result)

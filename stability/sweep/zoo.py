@@ -93,7 +93,7 @@ def run_zoo(
         conclude(doctor)
     trials = [t for d in doctors for t in d.trials]
     say(f"rerunning {sum(t.case is not None for t in trials)} remedies")
-    train_trials(trials, progress, resume, overwrite, workers, None, "remedies")
+    train_trials(trials, progress, resume, overwrite, workers, None, "remedies", tolerate=True)
     say(f"running {', '.join(TOOLS)} on {len(entries)} bugs")
     run_tools(entries, workers, progress)
     return entries

@@ -148,10 +148,19 @@ def _name(fn: Any) -> str:
 def _first_line(exc: BaseException) -> str:
     """``exc`` in one line: its type and its first line of substance. Keras wraps an error
     raised in ``call`` as "Exception encountered when calling X.call()." with the cause a
-    paragraph below, in terminal colours; that wrapper line says nothing, so it is skipped."""
+    paragraph below, in terminal colours; that wrapper line says nothing, so it is skipped,
+    and so is the traceback a traced function's error starts with ("in user code:")."""
     lines = [_ANSI.sub("", line).strip() for line in str(exc).splitlines()]
-    lines = [line for line in lines if line and not line.startswith(_KERAS_WRAPPER)]
+    wrapped = [i for i, line in enumerate(lines) if line.startswith(_KERAS_WRAPPER)]
+    if wrapped:  # the cause follows Keras' wrapper line; the traceback before it is noise
+        lines = lines[wrapped[-1] + 1 :]
+    lines = [line for line in lines if line and line != "in user code:"]
     return f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
+
+
+def error_line(exc: BaseException) -> str:
+    """``exc`` in one line, as the probe reports an error in a user's model."""
+    return _first_line(exc)
 
 
 #: The line Keras puts before an error raised inside a layer's ``call``.
