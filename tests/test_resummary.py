@@ -34,8 +34,11 @@ def read_rows(path: Path) -> list[dict[str, str]]:
 
 
 def case_file(results: Path) -> Path:
-    """The case a committed CSV was run from: in cases/, or beside it (a hunt's found case)."""
+    """The case a committed CSV was run from: in cases/, or beside it (a hunt's found case);
+    a doctor's rerun (``<case>.doctor/<case>__<remedy>.csv``) from the doctored case."""
     case = read_rows(results)[0]["case"]
+    if results.parent.name.endswith(".doctor"):
+        case = results.parent.name.removesuffix(".doctor")
     for path in (ROOT / "cases" / f"{case}.toml", results.with_name(f"{case}.toml")):
         if path.exists():
             return path
