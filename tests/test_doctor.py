@@ -18,8 +18,10 @@ from stability import Recipe, TrainConfig, Trainer
 from stability.core.errors import CaseError, RemedyError, StabilityError
 from stability.core.failures import Cause
 from stability.core.limits import exp_limits
-from stability.data import load_dataset
+from stability.data import Dataset, load_dataset, register_dataset
 from stability.data.edge_transform import transform_edges
+from stability.data.graphs import Graph
+from stability.data.self_loops import with_self_loops
 from stability.model.variants import get_variant, register_variant
 from stability.report.doctor_report import DOCTOR_FIELDS, doctor_markdown, doctor_rows
 from stability.sweep.cases import Case, parse_case
@@ -36,6 +38,7 @@ from stability.sweep.doctor import (
     find,
     has_headroom_warning,
     median_epoch,
+    plan,
     remedy_budget,
     verdict,
 )
@@ -529,6 +532,86 @@ def test_the_case_key_edge_transform_reaches_the_data_and_refuses_a_bad_value():
     message = str(caught.value)
     assert "edge_transform" in message and "'bogus'" in message and "\n" not in message
     assert all(name in message for name in ("none", "standardized", "squashed"))
+
+
+def in_degrees(graph):
+    return np.bincount(graph.receivers, minlength=graph.num_nodes)
+
+
+def test_self_loops_give_every_node_one_edge_from_itself_of_distance_0(far_dataset):
+    looped = with_self_loops(far_dataset)
+    assert far_dataset.isolated_nodes > 0 and looped.isolated_nodes == 0
+    pairs = zip(far_dataset.train + far_dataset.val, looped.train + looped.val, strict=True)
+    for before, after in pairs:
+        n, m = before.num_nodes, before.num_edges
+        assert after.num_edges == m + n
+        np.testing.assert_array_equal(after.edges[:m], before.edges)  # the old edges first
+        np.testing.assert_array_equal(after.senders[m:], np.arange(n))
+        np.testing.assert_array_equal(after.receivers[m:], np.arange(n))
+        assert (after.edges[m:] == 0).all()
+        np.testing.assert_array_equal(in_degrees(after), in_degrees(before) + 1)
+        assert after.target == before.target
+    assert looped.key != far_dataset.key and far_dataset.key in looped.key
+
+
+def test_the_case_key_self_loops_comes_before_the_edge_transform_and_refuses_a_bad_value():
+    text = 'name = "e"\n[dataset]\nname = "synthetic"\nnum_graphs = 20\n'
+    (plain,) = case_datasets(parse_case(text))
+    (both,) = case_datasets(parse_case('self_loops = true\nedge_transform = "squashed"\n' + text))
+    assert both.num_edges == plain.num_edges + sum(g.num_nodes for g in plain.train + plain.val)
+    # The loops' distance 0 was squashed with the rest: sigmoid(0) = 0.5.
+    graph = both.train[0]
+    assert (graph.edges[-graph.num_nodes :] == 0.5).all()
+    with pytest.raises(CaseError) as caught:
+        parse_case('self_loops = "yes"\n' + text)
+    message = str(caught.value)
+    assert "self_loops" in message and "true or false" in message and "\n" not in message
+
+
+def test_the_self_loop_remedy_is_tried_only_on_data_with_a_node_no_edge_enters(
+    isolated_registries,
+):
+    @register_dataset
+    def rings_test(*, seed: int = 0, lonely: bool = False):
+        """Rings of 5 nodes, every node entered by one edge; ``lonely``: one more node that
+        no edge enters in every graph."""
+        rng = np.random.default_rng(seed)
+        n = 6 if lonely else 5
+        ring = np.arange(5, dtype=np.int32)
+        graphs = [
+            Graph(
+                nodes=rng.normal(size=(n, 2)),
+                edges=rng.uniform(0.5, 4.0, (5, 1)),
+                senders=ring,
+                receivers=np.roll(ring, 1),
+                target=float(k),
+            )
+            for k in range(12)
+        ]
+        return Dataset.from_graphs(f"rings_test(seed={seed},lonely={lonely})", graphs, seed=seed)
+
+    def self_loop_trial(lonely):
+        case = Case(
+            name="loops",
+            variants=("raw_e",),
+            seeds=(0,),
+            batch_sizes=(4,),
+            learning_rates=(0.01,),
+            epochs=1,
+            hidden=8,
+            dataset="rings_test",
+            dataset_params={"lonely": lonely},
+        )
+        original = Trial(ORIGINAL, diagnosed_case(case, "raw_e", None), ROOT)
+        run = DoctorRun(case, "raw_e", original, find([failed(1)]), budget=3)
+        return {t.remedy.name: t for t in plan(run)}["self_loops"]
+
+    applied = self_loop_trial(lonely=True)
+    assert applied.case is not None and applied.case.self_loops and not applied.reason
+    refused = self_loop_trial(lonely=False)
+    assert refused.case is None and "already has an incoming edge" in refused.reason
+    assert get_remedy("self_loops").expected(OVERFLOW)
+    assert not get_remedy("self_loops").expected(EXPLOSION)
 
 
 # --- the doctor's own training ------------------------------------------------------------

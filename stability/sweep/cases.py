@@ -53,6 +53,8 @@ class Case:
     num_datasets: int = default("num_datasets")
     #: How every edge distance is transformed before training (``stability.data.edge_transform``).
     edge_transform: str = default("edge_transform")
+    #: Every node gets an edge to itself before training (``stability.data.self_loops``).
+    self_loops: bool = default("self_loops")
     #: The case's own plugins (``plugins = [...]``), imported when the case was loaded.
     plugins: tuple[str, ...] = default("plugins")
     #: ``KEY=VALUE`` overrides given on the command line (``--set``), in order.

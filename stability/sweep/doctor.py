@@ -29,7 +29,6 @@ from typing import TYPE_CHECKING
 from stability.core.errors import RemedyError, StabilityError
 from stability.core.failures import Cause, read_cause
 from stability.data import Dataset
-from stability.data.edge_transform import transform_edges
 from stability.model.variants import get_variant
 from stability.sweep.cases import Case
 from stability.sweep.remedies import DIVERGENCE, HEADROOM, REMEDIES, Remedy, candidate, case_for
@@ -38,6 +37,7 @@ from stability.sweep.runner import (
     check_same_data,
     config_key,
     execute_runs,
+    prepared,
     run_configs,
     source_datasets,
 )
@@ -256,9 +256,9 @@ def case_datasets(case: Case) -> list[Dataset]:
     source = (case.dataset, params, case.num_datasets, case.allow_nonfinite_input)
     if source not in _BUILT:
         _BUILT[source] = source_datasets(case)
-    key = (*source, case.edge_transform)
+    key = (*source, case.self_loops, case.edge_transform)
     if key not in _BUILT:
-        _BUILT[key] = [transform_edges(d, case.edge_transform) for d in _BUILT[source]]
+        _BUILT[key] = [prepared(d, case) for d in _BUILT[source]]
     return _BUILT[key]
 
 
@@ -267,6 +267,8 @@ def _check_applies(remedy: Remedy, case: Case) -> None:
     datasets = case_datasets(case)
     if remedy.name == "larger_batch" and case.batch_sizes[0] >= len(datasets[0].train):
         raise RemedyError(f"the training set has only {len(datasets[0].train)} graphs")
+    if remedy.name == "self_loops":
+        _check_has_isolated_nodes(replace(case, self_loops=False))
     try:
         build_variants(case, datasets[0])
     except StabilityError as exc:
@@ -274,6 +276,13 @@ def _check_applies(remedy: Remedy, case: Case) -> None:
         raise RemedyError(str(exc).removeprefix(prefix)) from None
     if remedy.name == "lower_lr":
         _check_takes_learning_rate(case, datasets[0])
+
+
+def _check_has_isolated_nodes(case: Case) -> None:
+    """Self-loops are for nodes without an incoming edge; on data without one they would
+    change every aggregation and give no node a neighbour it lacked."""
+    if not any(d.isolated_nodes for d in case_datasets(case)):
+        raise RemedyError("every node of the data already has an incoming edge")
 
 
 def _check_takes_learning_rate(case: Case, dataset: Dataset) -> None:

@@ -2,7 +2,7 @@
 changes in the case, and for which failures it is expected to help, and why.
 
 A remedy is a change of the case the failure was found on: a setting (a lower learning
-rate, a larger batch, float64, transformed edge distances) or the variant with a model
+rate, a larger batch, float64, transformed edge distances, self-loops) or the variant with a model
 remedy applied (``stability.model.remedies``: ``raw_e+clip``). Each remedy's runs are an
 ordinary case, so ``python -m stability run CASE --variants V --set K=V`` reproduces them
 (``Remedy.command``).
@@ -84,7 +84,8 @@ def case_for(remedy: Remedy, case: Case, variant: str, layer: str | None, name: 
 def command(case_path: str, remedied: Case, original: Case) -> str:
     """The ``python -m stability run`` line that trains ``remedied``'s runs."""
     flags = [f"--variants {','.join(remedied.variants)}"]
-    for key in ("seeds", "batch_sizes", "learning_rates", "epochs", "dtype", "edge_transform"):
+    keys = ("seeds", "batch_sizes", "learning_rates", "epochs", "dtype", "edge_transform")
+    for key in (*keys, "self_loops"):
         value = getattr(remedied, key)
         if key in ("seeds", "epochs") or value != getattr(original, key):
             shown = toml(list(value) if isinstance(value, tuple) else value)
@@ -121,6 +122,12 @@ def _edges(how: str) -> Callable[[Case, str, str | None], dict[str, Any]]:
         return {"edge_transform": how}
 
     return change
+
+
+def _self_loops(case: Case, variant: str, layer: str | None) -> dict[str, Any]:
+    if case.self_loops:
+        raise RemedyError("the case already has self_loops = true")
+    return {"self_loops": True}
 
 
 def candidate(name: str) -> Remedy:
@@ -232,6 +239,26 @@ REMEDIES: tuple[Remedy, ...] = (
         helps=dict.fromkeys(_FORWARD_SYMPTOMS, _EDGE_HELP),
         cannot="it bounds one input; a failure that does not start from the distances' "
         "scale is left as it was",
+    ),
+    Remedy(
+        "self_loops",
+        "data",
+        "an edge from every node to itself (distance 0)",
+        _self_loops,
+        "g = dgl.add_self_loop(g), or self_loops = true in the case",
+        helps=dict.fromkeys(
+            (
+                Cause.FORWARD_OVERFLOW.value,
+                Cause.FORWARD_UNDERFLOW.value,
+                Cause.NORMALIZATION.value,
+                Cause.NONFINITE_GRADIENT_OP.value,
+            ),
+            "a node without an incoming edge aggregates an empty set: degree 0 (deg^-1/2 "
+            "is inf), the lowest float as its segment max, 0 as its softmax denominator or "
+            "sum of exponentials; with a self-loop no neighbourhood is empty",
+        ),
+        cannot="it gives nodes without an incoming edge a neighbour; a failure that does "
+        "not start from an empty neighbourhood is left as it was",
     ),
     Remedy(
         "kernel_constraint",

@@ -14,6 +14,7 @@ from stability.core.errors import StabilityError
 from stability.core.results import RunResult
 from stability.data import Dataset, load_dataset
 from stability.data.edge_transform import transform_edges
+from stability.data.self_loops import with_self_loops
 from stability.model.variants import get_variant
 from stability.sweep.cases import Case
 from stability.sweep.settings import per_run
@@ -46,8 +47,15 @@ def run_configs(case: Case) -> Iterator[tuple[str, TrainConfig]]:
 def case_datasets(case: Case) -> list[Dataset]:
     """The case's ``num_datasets`` data sets, data set k built with seed ``dataset.seed + k``,
     so the same case always gives the same data sets, shared by every variant; each with
-    the case's ``edge_transform`` applied."""
-    return [transform_edges(d, case.edge_transform) for d in source_datasets(case)]
+    the case's ``self_loops`` and ``edge_transform`` applied (``prepared``)."""
+    return [prepared(d, case) for d in source_datasets(case)]
+
+
+def prepared(dataset: Dataset, case: Case) -> Dataset:
+    """``dataset`` as ``case`` trains on it: self-loops added if asked (a loop's distance
+    is 0, so they come before the distances are transformed), then ``edge_transform``."""
+    looped = with_self_loops(dataset) if case.self_loops else dataset
+    return transform_edges(looped, case.edge_transform)
 
 
 def source_datasets(case: Case) -> list[Dataset]:

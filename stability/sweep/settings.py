@@ -191,6 +191,16 @@ TOP_LEVEL = (
         default="none",
     ),
     Setting(
+        "self_loops",
+        "boolean",
+        boolean,
+        _BOOL,
+        ". `true` adds an edge from every node to itself, of distance 0, before "
+        "`edge_transform` and training, so no node is without a neighbour (the doctor's "
+        "self-loop remedy, DGL's `dgl.add_self_loop`, [doctor.md](doctor.md)).",
+        default=False,
+    ),
+    Setting(
         "plugins",
         "list of strings",
         lambda v: isinstance(v, list) and all(isinstance(p, str) and p for p in v),
