@@ -148,3 +148,32 @@ def test_an_xla_compiled_step_is_guarded_and_replayed_without_xla(tiny_dataset):
     inputs = {k: tf.constant(v) for k, v in batch.as_inputs().items()}
     site = replay_step(recipe.model, lambda p: recipe.loss(tf.constant(batch.targets), p), inputs)
     assert (site.where, site.op) == ("forward", "Exp (softmax_exp)")
+
+
+class SincHead(keras.Model):
+    """sin(d) / d of the first input column (0 at the first row: 0/0), then a Dense;
+    ``guard``: through ``tf.where(d == 0, 1, ...)`` (the branch it discards), else a relu."""
+
+    def __init__(self, guard: bool):
+        super().__init__()
+        self.guard, self.head = guard, keras.layers.Dense(1)
+
+    def call(self, x):
+        d = x[:, 0]
+        sinc = tf.sin(d) / d
+        y = tf.where(d == 0, tf.ones_like(d), sinc) if self.guard else tf.nn.relu(sinc)
+        return self.head(y[:, None])
+
+
+@pytest.mark.parametrize("guard", [True, False])
+def test_a_nan_only_a_tf_where_discards_is_told_from_one_that_reaches_on(guard):
+    from stability.train.replay import replay_step
+
+    model = SincHead(guard)
+    inputs = tf.constant([[0.0, 1.0], [2.0, 1.0]])
+    model(inputs)
+    site = replay_step(model, lambda predictions: tf.reduce_sum(predictions**2), inputs)
+    assert site is not None and site.where == "forward" and site.op.startswith("RealDiv")
+    # Only the discarded branch is selected away: a relu (which may drop NaN on some CPUs'
+    # kernels, so the guard may see finite outputs) does not make it a gradient failure.
+    assert site.selected is guard

@@ -93,11 +93,13 @@ class Diagnosis:
             site = self._replayed_site(batch, fed, stage_of(check))
         # A replay that stayed finite would contradict the check; report what it saw.
         site = site or NanSite(stage_of(check))
-        if stage_of(check) == "gradient" and site.where in ("forward", "loss"):
-            # The guard saw every forward tensor and the loss finite, so the non-finite
-            # value the replay met there was discarded in the forward pass (the unused
-            # branch of a tf.where, tensorflow/tensorflow#38349) and reaches only the
-            # gradient: the failure is the gradient's, through that op.
+        if stage_of(check) == "gradient" and site.selected:
+            # The guard saw every forward tensor and the loss finite, and the non-finite
+            # value the replay met there only reaches a tf.where that discards it (the
+            # unused branch, tensorflow/tensorflow#38349): it reaches only the gradient,
+            # so the failure is the gradient's, through that op. A value hidden some
+            # other way (a relu or max that drops NaN on some CPUs) stays the forward
+            # pass's failure, whatever the CPU.
             site = dataclasses.replace(
                 site,
                 where="gradient",

@@ -158,3 +158,35 @@ def _best_in_scope(
         if score > best_score:
             best, best_score = candidate, score
     return best
+
+
+#: The ops of ``tf.where``: they choose between their branches, and discard one.
+SELECT_OPS = frozenset({"Select", "SelectV2"})
+
+
+def selected_away(graph: tf.Graph | None, node: str | None, hops: int = 3) -> bool:
+    """Whether the output of forward op ``node`` in ``graph`` reaches a ``tf.where`` within
+    ``hops`` ops (``tf.where(d == 0, limit, sin(x) / d)``: the division is the branch the
+    where discards, tensorflow/tensorflow#38349). A non-finite value that a later op hides
+    in another way (a max or relu that drops NaN on some CPUs' kernels) is not selected
+    away: the forward pass really computed it."""
+    if graph is None or not node:
+        return False
+    try:
+        frontier = [graph.get_operation_by_name(node)]
+    except (KeyError, ValueError):
+        return False
+    for _ in range(hops):
+        consumers = _consumers(frontier)
+        if any(c.type in SELECT_OPS for c in consumers):
+            return True
+        frontier = consumers
+    return False
+
+
+def _consumers(ops: list) -> list:
+    """The ops that read ``ops``' outputs, looking through the check ops the replay adds
+    after every op (``tf.debugging.enable_check_numerics`` passes each output through one)."""
+    found = [c for op in ops for out in op.outputs for c in out.consumers()]
+    checks = [c for c in found if c.type.startswith("CheckNumerics")]
+    return [c for c in found if c not in checks] + (_consumers(checks) if checks else [])

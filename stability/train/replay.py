@@ -27,7 +27,7 @@ import tensorflow as tf
 
 from stability.core.quiet import stderr_silenced
 from stability.model.keras_layers import layer_names
-from stability.train.failing_op import LOSS_SCOPE, failing_node, site_from_error
+from stability.train.failing_op import LOSS_SCOPE, failing_node, selected_away, site_from_error
 from stability.train.site import (
     DENOMINATOR,
     XLA_ONLY,
@@ -118,7 +118,8 @@ def _checked(
         name = transform_name(gradient_transform)
         site = NanSite("gradient", None, f"{site.op} in gradient transform {name}")
     evidence = probe_op(fn, inputs, node) if node else None
-    return NanSite(site.where, site.layer, site.op, evidence)
+    selected = site.where in ("forward", "loss") and selected_away(graph, node)
+    return NanSite(site.where, site.layer, site.op, evidence, selected=selected)
 
 
 @contextlib.contextmanager

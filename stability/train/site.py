@@ -64,6 +64,9 @@ class NanSite:
     grad_norm: float | None = field(default=None, compare=False)
     slot: str | None = field(default=None, compare=False)
     weight: str | None = field(default=None, compare=False)
+    #: The non-finite forward value only reaches a ``tf.where`` that discards it
+    #: (``failing_op.selected_away``): the forward pass is finite, its gradient is not.
+    selected: bool = field(default=False, compare=False)
 
 
 def evidence_from(
