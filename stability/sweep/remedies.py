@@ -2,8 +2,8 @@
 changes in the case, and for which failures it is expected to help, and why.
 
 A remedy is a change of the case the failure was found on: a setting (a lower learning
-rate, a larger batch, float64, transformed edge distances, self-loops) or the variant with a model
-remedy applied (``stability.model.remedies``: ``raw_e+clip``). Each remedy's runs are an
+rate, a larger batch, float64, transformed edge distances, self-loops) or the variant with
+a model remedy applied (``stability.model.remedies``: ``raw_e+clip``). Each remedy's runs are an
 ordinary case, so ``python -m stability run CASE --variants V --set K=V`` reproduces them
 (``Remedy.command``).
 
@@ -84,8 +84,8 @@ def case_for(remedy: Remedy, case: Case, variant: str, layer: str | None, name: 
 def command(case_path: str, remedied: Case, original: Case) -> str:
     """The ``python -m stability run`` line that trains ``remedied``'s runs."""
     flags = [f"--variants {','.join(remedied.variants)}"]
-    keys = ("seeds", "batch_sizes", "learning_rates", "epochs", "dtype", "edge_transform")
-    for key in (*keys, "self_loops"):
+    keys = ("seeds", "batch_sizes", "learning_rates", "epochs", "dtype")
+    for key in (*keys, "edge_transform", "self_loops"):
         value = getattr(remedied, key)
         if key in ("seeds", "epochs") or value != getattr(original, key):
             shown = toml(list(value) if isinstance(value, tuple) else value)

@@ -95,7 +95,7 @@ class Diagnosis:
         site = site or NanSite(stage_of(check))
         if stage_of(check) == "gradient" and site.selected:
             # The guard saw every forward tensor and the loss finite, and the non-finite
-            # value the replay met there only reaches a tf.where that discards it (the
+            # value the replay met there reaches a tf.where that discarded it (the
             # unused branch, tensorflow/tensorflow#38349): it reaches only the gradient,
             # so the failure is the gradient's, through that op. A value hidden some
             # other way (a relu or max that drops NaN on some CPUs) stays the forward

@@ -64,8 +64,9 @@ class NanSite:
     grad_norm: float | None = field(default=None, compare=False)
     slot: str | None = field(default=None, compare=False)
     weight: str | None = field(default=None, compare=False)
-    #: The non-finite forward value only reaches a ``tf.where`` that discards it
-    #: (``failing_op.selected_away``): the forward pass is finite, its gradient is not.
+    #: The non-finite forward value reaches a ``tf.where`` within a few ops
+    #: (``failing_op.selected_away``), which can discard it: a finite forward pass with a
+    #: non-finite gradient.
     selected: bool = field(default=False, compare=False)
 
 
