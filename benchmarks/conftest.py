@@ -75,10 +75,14 @@ def timed(fn, *args):
     return time.perf_counter() - started
 
 
-def interleave(ways: dict, rounds: int) -> dict[str, list[float]]:
+def interleave(ways: dict, rounds: int, before=None) -> dict[str, list[float]]:
+    """Time each way once per round, the ways taking turns; ``before()``, where given, runs
+    untimed ahead of every turn (to put shared state back where the round starts)."""
     seconds = {name: [] for name in ways}
     for _ in range(rounds):
         for name, (fn, args) in ways.items():
+            if before is not None:
+                before()
             seconds[name].append(timed(fn, *args))
     return seconds
 
