@@ -10,6 +10,7 @@ import pytest
 from stability import cli
 from stability.core.failures import failed, failure_cause
 from stability.core.results import RESULT_FIELDS, TIMING_FIELDS
+from stability.data.generated import drawn_with
 from stability.data.strategies import NAMED_DISTRIBUTIONS
 from stability.report.map_report import map_markdown, read_map_rows
 from stability.sweep.bisection import (
@@ -208,6 +209,34 @@ def test_missing_runs_are_an_error_not_a_boundary():
     rows = planted_rows(m, THRESHOLDS)[1:]
     with pytest.raises(ValueError, match="of its 2 runs"):
         map_markdown(m, MapRows(m, rows))
+
+
+def _redrawn(rows, version):
+    """``rows`` as if another Hypothesis release had drawn their data sets."""
+    installed = f"hypothesis='{drawn_with(rows[0]['dataset'])}'"
+    return [
+        {**row, "dataset": row["dataset"].replace(installed, f"hypothesis='{version}'")}
+        for row in rows
+    ]
+
+
+def test_rows_drawn_by_another_hypothesis_release_are_found_under_their_keys():
+    # A report rebuilt from committed rows after Hypothesis released a new version: the
+    # rows' keys name the version that drew them, not the installed one.
+    m = parse_map(PLANTED)
+    rows = planted_rows(m, THRESHOLDS)
+    other = _redrawn(rows, "0.0.1")
+    assert all(drawn_with(row["dataset"]) == "0.0.1" for row in other)
+    assert map_markdown(m, MapRows(m, other)) == map_markdown(m, MapRows(m, rows))
+
+
+def test_rows_of_two_hypothesis_releases_are_not_mixed_into_one_cell():
+    m = parse_map(PLANTED)
+    rows = planted_rows(m, THRESHOLDS)
+    half = len(rows) // 2
+    mixed = _redrawn(rows[:half], "0.0.1") + _redrawn(rows[half:], "0.0.2")
+    with pytest.raises(ValueError, match="of its 2 runs"):
+        map_markdown(m, MapRows(m, mixed))
 
 
 # --- bad input: one line, exit 2, nothing written ------------------------------------------

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import re
 from collections.abc import Mapping
 
 from stability.core.environment import version
@@ -65,6 +66,13 @@ def generated(
         max_distance=max_distance,
         max_outlier=max_outlier,
     )
+
+
+def drawn_with(key: str) -> str | None:
+    """The Hypothesis version a ``generated`` key names (``hypothesis='6.170.17'``), or None
+    for another data set's key or a key without one."""
+    found = re.search(r"^generated\(.*\bhypothesis='([^']*)'", key)
+    return found.group(1) if found and found.group(1) else None
 
 
 def generated_key(params: Mapping[str, object]) -> str:

@@ -30,7 +30,7 @@ import numpy as np
 
 from stability.core.errors import CaseError
 from stability.core.failures import failed
-from stability.data.generated import generated_key
+from stability.data.generated import drawn_with, generated_key
 from stability.data.strategies import NAMED_DISTRIBUTIONS
 from stability.sweep.bisection import Bisection, Boundary, bisect
 from stability.sweep.cases import (
@@ -131,11 +131,30 @@ def grid_cells(m: MapCase) -> list[Cell]:
     return [(v, d, s) for v in m.case.variants for d in m.distributions for s in m.scales]
 
 
+def as_drawn(m: MapCase, rows: Sequence[Mapping[str, object]]) -> MapCase:
+    """``m`` with the Hypothesis version its rows were drawn with, where it leaves the
+    version to the installed one and every row names the same one.
+
+    A cell's rows are found by their data sets' keys, and a key names the Hypothesis version
+    that drew it. Without this, a report rebuilt from committed rows on a machine with
+    another Hypothesis release looks for keys nobody wrote and finds no runs. Rows of
+    several versions (a store resumed across an upgrade) are left to the installed one.
+    """
+    if m.case.dataset_params.get("hypothesis"):
+        return m
+    versions = {drawn_with(str(row["dataset"])) for row in rows} - {None}
+    if len(versions) != 1:
+        return m
+    params = {**m.case.dataset_params, "hypothesis": versions.pop()}
+    return replace(m, case=replace(m.case, dataset_params=params))
+
+
 class MapRows:
     """The result rows of a map, found by cell."""
 
     def __init__(self, m: MapCase, rows: Iterable[Mapping[str, object]]):
-        self.map = m
+        rows = list(rows)
+        self.map = as_drawn(m, rows)
         self._by_key: dict[tuple[str, str], list[Mapping[str, object]]] = {}
         for row in rows:
             self._by_key.setdefault((str(row["variant"]), str(row["dataset"])), []).append(row)
