@@ -19,7 +19,7 @@ from stability.train.trainer import (
 SECTION = "Sentinel overhead per healthy step"
 STEPS = 10
 #: Timed rounds. A round's time spreads by about 20% (IQR) on this 2-core machine: the
-#: ratio of 30 rounds' medians moved between 1.02 and 1.17 within one run of 500 rounds,
+#: ratio of 30 rounds' medians moved between 1.04 and 1.13 within one run of 500 rounds,
 #: wider than the goal's margin, so 30 rounds (before) could meet or miss the goal by luck.
 ROUNDS = 200
 NOTES[SECTION] = (

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import inspect
-import re
 from collections.abc import Mapping
 
 from stability.core.environment import version
-from stability.core.errors import DataError
-from stability.data.registry import Dataset, register_dataset
+from stability.core.errors import DataError, StabilityError
+from stability.data.registry import Dataset, key_call, register_dataset
 from stability.data.strategies import generated_dataset
 
 
@@ -71,8 +70,11 @@ def generated(
 def drawn_with(key: str) -> str | None:
     """The Hypothesis version a ``generated`` key names (``hypothesis='6.170.17'``), or None
     for another data set's key or a key without one."""
-    found = re.search(r"^generated\(.*\bhypothesis='([^']*)'", key)
-    return found.group(1) if found and found.group(1) else None
+    try:
+        name, params = key_call(key)
+    except StabilityError:  # a key not written as a call: not generated's
+        return None
+    return (str(params.get("hypothesis") or "") or None) if name == "generated" else None
 
 
 def generated_key(params: Mapping[str, object]) -> str:

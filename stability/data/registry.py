@@ -204,8 +204,9 @@ def load_dataset(name: str, *, allow_nonfinite: bool = False, **params: object) 
     return dataset
 
 
-def dataset_from_key(key: str) -> Dataset:
-    """Rebuild a data set from its key, for keys written as calls, like ``generated``'s."""
+def key_call(key: str) -> tuple[str, dict[str, object]]:
+    """The data set name and arguments of a key written as a call, like ``generated``'s
+    (``generated(seed=0,...,hypothesis='6.170.17')``)."""
     try:
         call = ast.parse(key, mode="eval").body
         if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Name)) or call.args:
@@ -215,4 +216,10 @@ def dataset_from_key(key: str) -> Dataset:
         raise StabilityError(
             f"data set key {key!r} cannot be rebuilt ({exc}); expected name(arg=value, ...)"
         ) from None
-    return load_dataset(call.func.id, **params)
+    return call.func.id, params
+
+
+def dataset_from_key(key: str) -> Dataset:
+    """Rebuild a data set from its key, for keys written as calls, like ``generated``'s."""
+    name, params = key_call(key)
+    return load_dataset(name, **params)
