@@ -1,5 +1,8 @@
 """The cost of the NaN sentinel per healthy step, against a plain loop and check_numerics."""
 
+import itertools
+import math
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -8,6 +11,7 @@ from conftest import NOTES, check_goal, interleave, record_samples
 from stability.data import load_dataset
 from stability.data.graphs import batch_graphs
 from stability.model.variants import get_variant
+from stability.train import guard as step_guard
 from stability.train.trainer import (
     TrainConfig,
     Trainer,
@@ -111,3 +115,108 @@ def test_sentinel_overhead(setup):
         record_samples(SECTION, name, samples, STEPS)
     ratio = np.median(seconds["sentinel"]) / np.median(seconds["plain"])
     check_goal(SECTION, "sentinel / plain", ratio, "<=", 1.05)
+
+
+BREAKDOWN = "Where the sentinel's overhead goes"
+BREAKDOWN_ROUNDS = 400
+
+#: The guard's parts, taken out one after another: each way drops its part and every part
+#: above it, the part replaced by what a step without it computes. (way, the guard's
+#: function, its stand-in.)
+PARTS = (
+    ("without the update's tf.cond", "guarded", lambda healthy, update: update()),
+    ("and the overflow-proof norms", "unoverflowed_norm", lambda norm, *_: norm),
+    (
+        "and the after-update check",
+        "after_update",
+        lambda weights, state, exact=False, dtype=tf.float32: (
+            tf.constant(True),
+            tf.constant(0.0, dtype),
+        ),
+    ),
+    ("and the attention invariant", "normalized", lambda out, inputs: tf.constant(True)),
+    (
+        "and the logit statistics",
+        "logit_stats",
+        lambda out, inputs, dtype=tf.float32: tf.zeros([3], dtype),
+    ),
+    ("and the forward finiteness", "forward_finite", lambda *_, **__: tf.constant(True)),
+)
+
+NOTES[BREAKDOWN] = (
+    "Why the goal above is missed: the same setup, the guarded step with its parts taken out "
+    "one after another (each way drops its part and every part above it; the last way keeps "
+    "only the loss's finiteness, the gradients' norm and max |g|, and the report vector), "
+    "and one way with the after-update check (max |w| and the finiteness of the weights and "
+    "Adam's state) fused into one XLA cluster, the NaN kept by a mask so that its flags and "
+    "figures are the guard's to the bit (checked on these steps). *paired ratio* is the "
+    "median over rounds of the way's time over plain's time in the same round, which "
+    "cancels load that falls on both. *ops traced* counts the ops of the step's graph and of "
+    "its functions (a `tf.cond`'s branches, the XLA cluster, which runs as one launch). "
+    f"{BREAKDOWN_ROUNDS} rounds. No goal: a measurement of where the cost is."
+)
+
+
+def xla_after_update(weights, state, exact=False, dtype=tf.float32):
+    """``guard.after_update`` as one XLA cluster: the same flag and max |w| (XLA's max drops
+    NaN, so a NaN mask puts it back as TensorFlow's max propagates it)."""
+
+    @tf.function(jit_compile=True, autograph=False)
+    def check(weights, state):
+        def largest(tensors):
+            top = tf.reduce_max(tf.stack([tf.reduce_max(tf.abs(t)) for t in tensors]))
+            nan = tf.reduce_any(tf.stack([tf.reduce_any(tf.math.is_nan(t)) for t in tensors]))
+            finite = tf.reduce_all(tf.stack([tf.reduce_all(tf.math.is_finite(t)) for t in tensors]))
+            return tf.where(nan, tf.constant(math.nan, dtype), top), finite
+
+        top, weights_ok = largest(weights)
+        _, state_ok = largest(state)
+        return weights_ok & state_ok, top
+
+    return check(*[[tf.cast(v.value, dtype) for v in group] for group in (weights, state)])
+
+
+def op_count(step, batches) -> int:
+    """Ops in a step's traced graph, its functions' (a tf.cond's branches) included; tracing
+    it here is what makes the stand-ins, patched in at the time, part of it."""
+    graph = step.get_concrete_function(*batches[0]).graph.as_graph_def()
+    return len(graph.node) + sum(len(f.node_def) for f in graph.library.function)
+
+
+def test_where_the_overhead_goes(setup, monkeypatch):
+    """The guarded step with its parts taken out one after another, and with its
+    after-update check under XLA, timed in turns with the plain step."""
+    recipe, signature, batches = setup
+    ways = {
+        "plain": plain_step(recipe, signature),
+        "sentinel": make_train_step(recipe, signature, guard=True),
+    }
+    counts = {name: op_count(step, batches) for name, step in ways.items()}
+    with monkeypatch.context() as patch:
+        patch.setattr(step_guard, "after_update", xla_after_update)
+        xla = ways["after-update check under XLA"] = make_train_step(recipe, signature, guard=True)
+        counts["after-update check under XLA"] = op_count(xla, batches)
+    with monkeypatch.context() as patch:
+        for way, name, stand_in in PARTS:
+            patch.setattr(step_guard, name, stand_in)
+            ways[way] = make_train_step(recipe, signature, guard=True)
+            counts[way] = op_count(ways[way], batches)
+    taken_out = [counts["sentinel"], *(counts[way] for way, _, _ in PARTS)]
+    # A way that traced after its stand-in was taken back would time the whole guard again.
+    assert all(a > b for a, b in itertools.pairwise(taken_out)), counts
+    restore = start_state(recipe)
+    reports = {}
+    for name in ("sentinel", "after-update check under XLA"):
+        restore()
+        reports[name] = [ways[name](*batch).numpy() for batch in batches]
+    # The XLA way computes the same flags and figures, to the bit, on these steps.
+    np.testing.assert_array_equal(*reports.values())
+    for step in ways.values():
+        run_epoch(step, batches)
+    turns = {name: (run_epoch, (step, batches)) for name, step in ways.items()}
+    seconds = interleave(turns, BREAKDOWN_ROUNDS, before=start_state(recipe))
+    plain = np.asarray(seconds["plain"])
+    for name, samples in seconds.items():
+        paired = float(np.median(np.asarray(samples) / plain))
+        extra = {"paired ratio": paired, "ops traced": counts[name]}
+        record_samples(BREAKDOWN, name, samples, STEPS, **extra)
