@@ -63,6 +63,7 @@ class Cause(str, Enum):
     INPUT = "input"
     NORMALIZATION = "normalization"
     MASKED_GRADIENT = "masked gradient"
+    LOSS_SCALE_COLLAPSE = "loss scale collapse"
     NONE = "none"
 
 

@@ -13,7 +13,7 @@ import itertools
 import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import tensorflow as tf
@@ -75,7 +75,7 @@ class Diagnosis:
         batches: tuple[GraphBatch, GraphBatch],
         rewind: Rewind | None = None,
     ) -> None:
-        """Name the first failing step's failure.
+        """Name the first failing step's failure (``name_failure``) and record it.
 
         ``batches`` is the batch and what the step was fed (the batch padded, under XLA).
         A non-finite value is named by replaying the step with every op checked; a
@@ -83,39 +83,9 @@ class Diagnosis:
         an update failure by replaying the update from the state before it (``rewind``).
         """
         batch, fed = batches
-        check = report.first_failure()
-        kind = Kind.NORMALIZATION if check == "attention" else Kind.NONFINITE
-        if check == "weights":  # finite gradients, but the update wrote a non-finite value
-            site = self._weights_site(rewind, batch)
-        elif check == "attention":
-            site = self.normalization_site("forward", fed, training=True)
-        else:
-            site = self._replayed_site(batch, fed, stage_of(check))
-        # A replay that stayed finite would contradict the check; report what it saw.
-        site = site or NanSite(stage_of(check))
-        if stage_of(check) == "gradient" and site.selected:
-            # The guard saw every forward tensor and the loss finite, and the non-finite
-            # value the replay met there reaches a tf.where that discarded it (the
-            # unused branch, tensorflow/tensorflow#38349): it reaches only the gradient,
-            # so the failure is the gradient's, through that op. A value hidden some
-            # other way (a relu or max that drops NaN on some CPUs) stays the forward
-            # pass's failure, whatever the CPU.
-            site = dataclasses.replace(
-                site,
-                where="gradient",
-                op=f"{site.op}, discarded in the forward pass, non-finite in its gradient",
-                evidence=None,
-            )
-        if check == "gradient" and report.passed("transform"):
-            # The raw gradient was not finite and the transform made it finite: the run
-            # would have trained on as if healthy.
-            kind = Kind.MASKED_GRADIENT
-            name = transform_name(self.recipe.gradient_transform)
-            site = NanSite(
-                site.where, site.layer, f"{site.op}; masked by gradient transform {name}"
-            )
-        cause = failure_cause(kind.value, site, storage_dtype(self.config.dtype))
-        result.record_failure(failure_of(site, kind, cause, epoch, steps, report))
+        replays = TrainerReplays(self, batch, fed, rewind)
+        dtype = storage_dtype(self.config.dtype)
+        result.record_failure(name_failure(report, replays, epoch, steps, dtype))
 
     def _weights_site(self, rewind: Rewind | None, batch: GraphBatch) -> NanSite:
         recipe = self.recipe
@@ -214,6 +184,98 @@ class Diagnosis:
         cause = failure_cause(kind.value, NanSite("validation", None, site.op, site.evidence))
         failure = Failure(Stage.VALIDATION, kind, cause, epoch, steps, site.layer, site.op)
         result.record_failure(failure)
+
+
+class Replays(Protocol):
+    """What naming a failed check needs from whoever ran the step (the trainer's
+    ``TrainerReplays``, ``NanSentinel``'s own): each replays from the weights the guard kept."""
+
+    #: The variant's gradient transform (None: none), for a masked gradient.
+    transform: Callable[[list], list] | None
+
+    def nonfinite(self, stage: str) -> NanSite | None:
+        """The step replayed with every op checked: the first non-finite op, or None."""
+
+    def normalization(self) -> NanSite:
+        """The forward pass recomputed: the first layer whose attention does not sum to 1."""
+
+    def update(self) -> NanSite:
+        """The update that left a weight or the optimizer's state non-finite."""
+
+
+def name_failure(
+    report: StepReport,
+    replays: Replays,
+    epoch: int,
+    step: int,
+    gradient_dtype: str,
+    no_op_cause: Cause | None = None,
+) -> Failure:
+    """The one naming of a failed check, for the trainer and ``NanSentinel`` alike: its
+    stage, kind, site (by the replay ``replays`` gives), the tf.where rule, a masked
+    gradient, and the cause (``failure_cause``).
+
+    ``no_op_cause`` is the cause when the replay names no op (a loss scale that collapsed
+    with no non-finite op at scale 1: ``Cause.LOSS_SCALE_COLLAPSE``).
+    """
+    check = report.first_failure()
+    stage = stage_of(check)
+    kind = Kind.NORMALIZATION if check == "attention" else Kind.NONFINITE
+    if check == "weights":  # finite gradients, but the update wrote a non-finite value
+        site = replays.update()
+    elif check == "attention":
+        site = replays.normalization()
+    else:
+        site = replays.nonfinite(stage)
+    # A replay that stayed finite would contradict the check; report what it saw.
+    replayed = site is not None
+    site = site or NanSite(stage)
+    if stage == "gradient" and site.selected:
+        # The guard saw every forward tensor and the loss finite, and the non-finite
+        # value the replay met there reaches a tf.where that discarded it (the
+        # unused branch, tensorflow/tensorflow#38349): it reaches only the gradient,
+        # so the failure is the gradient's, through that op. A value hidden some
+        # other way (a relu or max that drops NaN on some CPUs) stays the forward
+        # pass's failure, whatever the CPU.
+        site = dataclasses.replace(
+            site,
+            where="gradient",
+            op=f"{site.op}, discarded in the forward pass, non-finite in its gradient",
+            evidence=None,
+        )
+    if check == "gradient" and report.passed("transform"):
+        # The raw gradient was not finite and the transform made it finite: the run
+        # would have trained on as if healthy.
+        kind = Kind.MASKED_GRADIENT
+        name = transform_name(replays.transform)
+        site = NanSite(site.where, site.layer, f"{site.op}; masked by gradient transform {name}")
+    largest = report.stat("max_abs_grad")
+    cause = failure_cause(
+        kind.value, site, gradient_dtype, largest if math.isfinite(largest) else None
+    )
+    if not replayed and no_op_cause is not None:
+        cause = no_op_cause
+    return failure_of(site, kind, cause, epoch, step, report)
+
+
+class TrainerReplays:
+    """The trainer's ``Replays``: the failing batch and what the step was fed, and the
+    epoch's ``Rewind`` for an update failure."""
+
+    def __init__(
+        self, diagnosis: Diagnosis, batch: GraphBatch, fed: GraphBatch, rewind: Rewind | None
+    ):
+        self.diagnosis, self.batch, self.fed, self.rewind = diagnosis, batch, fed, rewind
+        self.transform = diagnosis.recipe.gradient_transform
+
+    def nonfinite(self, stage: str) -> NanSite | None:
+        return self.diagnosis._replayed_site(self.batch, self.fed, stage)
+
+    def normalization(self) -> NanSite:
+        return self.diagnosis.normalization_site("forward", self.fed, training=True)
+
+    def update(self) -> NanSite:
+        return self.diagnosis._weights_site(self.rewind, self.batch)
 
 
 def failure_of(

@@ -35,6 +35,9 @@ from stability.train.forward import logit_stats, max_abs, normalized, watched_te
 #: The checks of a step, in causal order and in the order of ``StepReport.flags``.
 CHECKS = ("forward", "attention", "loss", "gradient", "transform", "weights")
 
+#: The checks ``before_update`` runs, the ones that decide whether the update may run.
+BEFORE_UPDATE = CHECKS[:-1]
+
 #: The stage each check reports: the attention invariant is a forward failure, a failure
 #: the gradient transform introduces or hides is a gradient failure.
 STAGE_OF = {"attention": "forward", "transform": "gradient"}
@@ -62,8 +65,8 @@ REPORT_SIZE = len(CHECKS) + len(STATS)
 
 @dataclass(frozen=True)
 class Before:
-    """What ``before_update`` found: ``flags`` ``[5]`` bool (``CHECKS`` but ``weights``)
-    and the statistics read before the update (scalars, float32 where they are figures)."""
+    """What ``before_update`` found: ``flags`` ``[5]`` bool (``BEFORE_UPDATE``, stacked by
+    name) and the statistics read before the update (scalars, in the statistics' dtype)."""
 
     flags: tf.Tensor
     loss: tf.Tensor
@@ -86,6 +89,7 @@ def before_update(
     gradients: Sequence[tf.Tensor | None] | None = None,
     exact: bool = False,
     dtype: tf.DType = tf.float32,
+    skipped: tf.Tensor | None = None,
 ) -> Before:
     """Check a step up to its update.
 
@@ -94,7 +98,9 @@ def before_update(
     ``gradients`` the ones the optimizer gets after the variant's transform (None: no
     transform). ``exact`` (a step compiled with XLA, whose max drops NaN) checks every
     tensor one by one instead of reading finiteness off a max. The statistics are kept in
-    ``dtype`` (``forward.stats_dtype``).
+    ``dtype`` (``forward.stats_dtype``). ``skipped`` (a scalar bool, or None) is a step whose
+    non-finite gradients the optimizer skips by design (a loss scale's overflow): its
+    gradient checks pass, and its update is the optimizer's to skip.
     """
     raw = [g for g in raw if g is not None]
     # Norms the statistics report anyway double as the finiteness checks (see
@@ -112,17 +118,18 @@ def before_update(
     raw_norm = unoverflowed_norm(raw_norm, raw, raw_max)
     attention = normalized(out, inputs)
     logits = logit_stats(out, inputs, dtype)
-    flags = tf.stack(
-        [
-            forward_finite(out, attention, logits[0], exact=exact),
-            attention,
-            tf.reduce_all(tf.math.is_finite(loss)),
-            raw_ok,
-            raw_ok if transform_ok is None else transform_ok,
-        ]
-    )
+    if skipped is not None:
+        raw_ok = raw_ok | skipped
+        transform_ok = None if transform_ok is None else transform_ok | skipped
+    checks = {
+        "forward": forward_finite(out, attention, logits[0], exact=exact),
+        "attention": attention,
+        "loss": tf.reduce_all(tf.math.is_finite(loss)),
+        "gradient": raw_ok,
+        "transform": raw_ok if transform_ok is None else transform_ok,
+    }
     return Before(
-        flags,
+        tf.stack([checks[name] for name in BEFORE_UPDATE]),
         tf.cast(loss, dtype),
         logits,
         tf.cast(raw_norm if norm is None else norm, dtype),
@@ -212,18 +219,72 @@ def after_update(
 
 
 def report(before: Before, weights_ok: tf.Tensor, max_abs_weight: tf.Tensor) -> tf.Tensor:
-    """``[14]`` in the statistics' dtype: the six flags (1 passed, 0 failed) then ``STATS``."""
+    """``[14]`` in the statistics' dtype: the six flags (1 passed, 0 failed, in ``CHECKS``'
+    order) then ``STATS``, each placed by its name."""
     dtype = before.loss.dtype
     flags = tf.cast(tf.concat([before.flags, [weights_ok]], axis=0), dtype)
-    return tf.concat(
-        [
-            flags,
-            tf.stack([before.loss, before.logits[0], before.grad_norm, max_abs_weight]),
-            before.logits[1:],
-            tf.stack([before.raw_grad_norm, before.max_abs_grad]),
-        ],
-        axis=0,
+    stats = {
+        "loss": before.loss,
+        "max_abs_logit": before.logits[0],
+        "grad_norm": before.grad_norm,
+        "max_abs_weight": max_abs_weight,
+        "max_exp_arg": before.logits[1],
+        "min_node_max_logit": before.logits[2],
+        "raw_grad_norm": before.raw_grad_norm,
+        "max_abs_grad": before.max_abs_grad,
+    }
+    return tf.concat([flags, tf.stack([tf.cast(stats[name], dtype) for name in STATS])], axis=0)
+
+
+def guarded_step(
+    checked: Checked,
+    update: Callable[[], Any],
+    weights: Sequence[tf.Variable],
+    state: Sequence[tf.Variable],
+    exact: bool = False,
+    dtype: tf.DType = tf.float32,
+    apply: Callable[[tf.Tensor, Callable[[], Any]], None] | None = None,
+) -> tf.Tensor:
+    """The guard's whole sequence, the one every watched step runs (the trainer's compiled
+    step and ``NanSentinel``'s): the checks before the update, the update where they passed
+    (``apply(healthy, update)``; by default ``guarded``, and a caller that must not hold the
+    update back passes one that always runs it), the checks after it, and the report
+    (``[14]``, see ``report``). ``checked`` is what the step computed (``Checked``).
+    """
+    before = before_update(
+        checked.out,
+        checked.inputs,
+        checked.loss,
+        checked.raw,
+        checked.gradients,
+        exact=exact,
+        dtype=dtype,
+        skipped=checked.skipped,
     )
+    (guarded if apply is None else apply)(before.healthy, update)
+    weights_ok, max_abs_weight = after_update(weights, state, exact=exact, dtype=dtype)
+    return report(before, weights_ok, max_abs_weight)
+
+
+@dataclass(frozen=True)
+class Checked:
+    """What a step computed that the guard checks before its update: the forward pass's
+    outputs (``forward.completed``), the batch it was fed, the scalar reported loss, the
+    backward pass's raw gradients and the ones the optimizer gets after a transform (None:
+    no transform), and whether the optimizer skips the step by design (see
+    ``before_update``)."""
+
+    out: dict[str, Any]
+    inputs: Any
+    loss: tf.Tensor
+    raw: Sequence[tf.Tensor | None]
+    gradients: Sequence[tf.Tensor | None] | None = None
+    skipped: tf.Tensor | None = None
+
+
+def failed(vector: tf.Tensor) -> tf.Tensor:
+    """Scalar bool, in a traced step: the report ``vector`` has a failed check."""
+    return ~tf.reduce_all(vector[: len(CHECKS)] > 0.5)
 
 
 @dataclass(frozen=True)

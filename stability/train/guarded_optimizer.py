@@ -17,8 +17,9 @@ from typing import Any
 import keras
 
 #: ``guard_step(gradients, variables, update)``: runs the guard on the step's raw gradients
-#: and calls ``update()`` (the inner optimizer's apply) only where the step may update.
-GuardStep = Callable[[list, list, Callable[[], Any]], None]
+#: and calls ``update(gradients)`` (the inner optimizer's apply) only where the step may
+#: update (under a distribution strategy, once in each replica, with its own gradients).
+GuardStep = Callable[[list, list, Callable[[list], Any]], None]
 
 
 class GuardedOptimizer(keras.optimizers.Optimizer):
@@ -40,7 +41,9 @@ class GuardedOptimizer(keras.optimizers.Optimizer):
     def apply(self, grads: Any, trainable_variables: Any = None) -> None:
         grads = list(grads)
         variables = list(trainable_variables) if trainable_variables is not None else None
-        self._guard_step(grads, variables, lambda: self.inner.apply(grads, variables))
+        if not self.inner.built:  # as Optimizer.apply builds: the guard reads its state
+            self.inner.build(variables)
+        self._guard_step(grads, variables, lambda g: self.inner.apply(g, variables))
 
     @property
     def variables(self) -> list:

@@ -29,6 +29,7 @@ from stability.model.losses import prediction_need
 from stability.model.variants import Recipe
 from stability.train.config import storage_dtype
 from stability.train.forward import forward
+from stability.train.step import loss_predictions
 
 #: How many training graphs the probe's batch holds: enough for several graphs per batch
 #: (a pooling over graphs is exercised), few enough to cost milliseconds.
@@ -112,6 +113,7 @@ def _loss_of(recipe: Recipe, targets: np.ndarray, predictions: tf.Tensor) -> tf.
     """The recipe's loss on the probe's batch: a scalar, or ``ModelError``."""
     shape = list(predictions.shape)
     try:
+        predictions = loss_predictions(recipe.loss, predictions)
         loss = recipe.loss(tf.constant(targets, predictions.dtype), predictions)
     except Exception as exc:  # the user's loss code: any error is a bad recipe
         raise ModelError(

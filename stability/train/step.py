@@ -58,21 +58,22 @@ def make_train_step(
             recipe.gradient_transform,
         )
         transformed = done.gradients if recipe.gradient_transform is not None else None
-        before = step_guard.before_update(
-            done.out, inputs, done.loss, done.raw, transformed, exact=jit_compile, dtype=dtype
+        return step_guard.guarded_step(
+            step_guard.Checked(done.out, inputs, done.loss, done.raw, transformed),
+            lambda: apply_update(optimizer, done.gradients, weights),
+            weights,
+            state,
+            exact=jit_compile,
+            dtype=dtype,
+            apply=None if guard else _always,
         )
-        if guard:
-            step_guard.guarded(
-                before.healthy, lambda: apply_update(optimizer, done.gradients, weights)
-            )
-        else:
-            apply_update(optimizer, done.gradients, weights)
-        weights_ok, max_abs_weight = step_guard.after_update(
-            weights, state, exact=jit_compile, dtype=dtype
-        )
-        return step_guard.report(before, weights_ok, max_abs_weight)
 
     return step
+
+
+def _always(healthy: tf.Tensor, update: Callable[[], Any]) -> None:
+    """An unguarded step's update: applied whatever the checks found."""
+    update()
 
 
 def step_loss(
@@ -81,11 +82,25 @@ def step_loss(
     """The step's reported loss (the variant's loss over the real graphs of padded
     ``inputs``) and its optimized loss, which adds the model's regularization losses (the
     weight_constrained variant's l2); the reported loss stays the seed's robust loss."""
-    loss = recipe.loss(targets, predictions)
+    loss = recipe.loss(targets, loss_predictions(recipe.loss, predictions))
     if inputs is not None:
         loss = real_mean(loss, inputs)
     total = loss + tf.add_n(recipe.model.losses) if recipe.model.losses else loss
     return loss, total
+
+
+def loss_predictions(loss: Callable[..., Any], predictions: tf.Tensor) -> tf.Tensor:
+    """``predictions`` as Keras' compiled loss hands them to ``loss``, so that ``run`` and
+    ``Model.fit`` compute the same loss: under a mixed policy the model computes in float16
+    (or bfloat16), and Keras converts the predictions to the loss's dtype, ``floatx``
+    (float32), before any loss function sees them. A ``keras.losses.Loss`` converts them
+    to its own dtype when called, so it gets them as they are; a float32 or float64 model's
+    predictions are left alone (no op is added).
+    """
+    low = predictions.dtype in (tf.float16, tf.bfloat16)
+    if not low or isinstance(loss, keras.losses.Loss):
+        return predictions
+    return tf.cast(predictions, keras.config.floatx())
 
 
 def total_loss(

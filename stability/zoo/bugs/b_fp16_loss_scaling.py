@@ -39,9 +39,20 @@ def laplace_nll(y_true, y_pred):
     return tf.reduce_sum(math.sqrt(2.0) * tf.abs(mean - y_true) * tf.exp(-log_sigma) + log_sigma)
 
 
-def scaled_loss(y_true, y_pred):
-    """The loss times the loss scale, as ``get_scaled_loss`` computes it."""
-    return laplace_nll(y_true, y_pred) * LOSS_SCALE
+class ScaledLoss(keras.losses.Loss):
+    """The loss times the loss scale, as ``get_scaled_loss`` computes it, in float16: the
+    reporter's custom training loop called the loss on the head's float16 predictions.
+    (Keras' compiled loss would convert them to float32 first; a ``Loss`` of dtype float16
+    keeps them float16, in ``run`` and in ``fit`` alike.)"""
+
+    def __init__(self):
+        super().__init__(name="scaled_laplace_nll", dtype="float16")
+
+    def call(self, y_true, y_pred):
+        return laplace_nll(y_true, y_pred) * LOSS_SCALE
+
+
+scaled_loss = ScaledLoss()
 
 
 def unscale(gradients):
