@@ -101,12 +101,16 @@ def failing_node(message: str, graph: tf.Graph | None = None) -> str | None:
 def forward_op_of(graph: tf.Graph, gradient_node: str) -> tf.Operation | None:
     """The forward op whose gradient the op ``gradient_node`` computes, or None.
 
-    The tape puts every gradient op of a forward op in scope ``s`` into scope
-    ``gradient_tape/s``, but names it after the gradient's own math (``SqrtGrad``,
-    ``RealDiv_1``). The gradient reads the forward op's inputs and outputs, so: walk back
-    from the failing op through the gradient ops of the same scope, collect the forward
-    tensors met (nearer ones count more), and take the forward op of scope ``s`` whose
-    inputs and outputs hold most of them; an op whose own output was met wins a tie.
+    The tape runs the gradient function of a forward op in scope ``s`` in scope
+    ``gradient_tape/s``, and names its ops after the gradient's own math (``SqrtGrad``,
+    ``RealDiv_1``). An op that opens a name scope of its own takes the scope's name (``x / y``:
+    op ``truediv`` in scope ``truediv/``; ``tf.matmul``: ``dense/MatMul``), so its gradient
+    ops sit in a scope named after it (``gradient_tape/dense/truediv/RealDiv``): that scope
+    names the forward op. Otherwise (``tf.math.acos``: op ``dense/Acos``, gradient ops in
+    ``gradient_tape/dense``) the gradient reads the forward op's inputs and outputs, so: walk
+    back from the failing op through the gradient ops of the same scope, collect the forward
+    tensors met (nearer ones count more), and take the forward op of scope ``s`` whose inputs
+    and outputs hold most of them (``_best_in_scope``).
     """
     try:
         failing = graph.get_operation_by_name(gradient_node)
@@ -114,6 +118,26 @@ def forward_op_of(graph: tf.Graph, gradient_node: str) -> tf.Operation | None:
         return None
     scope = gradient_node.rsplit("/", 1)[0]
     forward_scope = scope[len(GRADIENT_SCOPE) + 1 :] if scope != GRADIENT_SCOPE else ""
+    named = _operation(graph, forward_scope) if forward_scope else None
+    if named is not None:
+        return named
+    weights = _forward_tensors_met(failing, scope)
+    return _best_in_scope(graph, forward_scope, weights) if weights else None
+
+
+def _operation(graph: tf.Graph, name: str) -> tf.Operation | None:
+    """The op called ``name`` in ``graph``, or None."""
+    try:
+        return graph.get_operation_by_name(name)
+    except (KeyError, ValueError):
+        return None
+
+
+def _forward_tensors_met(failing: tf.Operation, scope: str) -> dict[str, float]:
+    """``tensor name -> weight`` of the forward tensors read within ``_GRADIENT_WALK_DEPTH``
+    ops back from ``failing`` through the gradient ops of its ``scope``: 1 for a tensor the
+    failing op reads itself, 1/2 one op further back, and so on (a tensor read twice counts
+    twice)."""
     weights: dict[str, float] = {}
     frontier, seen = [failing], {failing.name}
     for depth in range(_GRADIENT_WALK_DEPTH):
@@ -127,27 +151,29 @@ def forward_op_of(graph: tf.Graph, gradient_node: str) -> tf.Operation | None:
                     seen.add(producer.name)
                     following.append(producer)
         frontier = following
-    best = _best_in_scope(graph, forward_scope, weights) if weights else None
-    if best is None and forward_scope:
-        # An op that opens a name scope of its own takes the scope's name (tf.matmul: op
-        # ``dense/MatMul``), and the tape then puts its gradient ops inside that scope
-        # (``gradient_tape/dense/MatMul/MatMul_1``): the scope is the forward op.
-        try:
-            best = graph.get_operation_by_name(forward_scope)
-        except (KeyError, ValueError):
-            best = None
-    return best
+    return weights
 
 
 def _best_in_scope(
     graph: tf.Graph, forward_scope: str, weights: dict[str, float]
 ) -> tf.Operation | None:
     """The forward op of ``forward_scope`` whose inputs and outputs hold most of the forward
-    tensors met (``weights``), or None where no op of the scope touches one."""
+    tensors met (``weights``), or None where no op of the scope touches one.
+
+    Left out: ops without inputs (constants: no gradient), and ops whose gradient ops sit in
+    a scope of their own (``_own_gradient_scopes``), which holds no gradient op of
+    ``forward_scope`` itself. The second matters where one op's output is another's input
+    (``acos(z / r)``): ``Acos``' gradient reads its input, the division's output, which ties
+    the two. Of the rest, an op whose own output was met wins a tie: ``SqrtGrad`` reads the
+    ``Sqrt``'s output, which is also its consumer's input.
+    """
+    owners = _own_gradient_scopes(graph)
     best, best_score = None, (0.0, False)
     for candidate in graph.get_operations():
         name = candidate.name
         if (name.rsplit("/", 1)[0] if "/" in name else "") != forward_scope:
+            continue
+        if not candidate.inputs or name in owners:
             continue
         outputs = {t.name for t in candidate.outputs}
         touched = outputs | {t.name for t in candidate.inputs}
@@ -158,6 +184,27 @@ def _best_in_scope(
         if score > best_score:
             best, best_score = candidate, score
     return best
+
+
+def _own_gradient_scopes(graph: tf.Graph) -> set[str]:
+    """The forward ops whose gradient ops the tape put in a scope named after them:
+    ``dense/truediv`` for ``gradient_tape/dense/truediv/RealDiv``.
+
+    A gradient op's name can also be a scope: ``enable_check_numerics`` puts the check of op
+    ``gradient_tape/dense/Sqrt`` in ``gradient_tape/dense/Sqrt/``, and ``x * 2.0`` in a
+    gradient function puts its constant in ``.../mul/y``. So an op there counts only if it
+    reads a tensor other than the outputs of the op its scope is named after (a check reads
+    only those, a constant nothing); otherwise a forward ``dense/Sqrt`` would be left out
+    for its namesake's check.
+    """
+    owners = set()
+    for operation in graph.get_operations():
+        if not is_gradient_op(operation.name):
+            continue
+        scope = operation.name.rsplit("/", 1)[0]
+        if scope != GRADIENT_SCOPE and any(t.op.name != scope for t in operation.inputs):
+            owners.add(scope[len(GRADIENT_SCOPE) + 1 :])
+    return owners
 
 
 #: The ops of ``tf.where``: they choose between their branches, and discard one.
