@@ -102,6 +102,27 @@ def test_a_gradient_op_sits_in_the_tapes_scope_of_its_forward_op():
     ]
 
 
+def test_an_op_with_a_scope_of_its_own_has_its_gradient_ops_in_a_scope_named_after_it():
+    """``x / y`` opens scope ``truediv/`` and names its op ``truediv``; the tape puts that op's
+    gradient ops in ``gradient_tape/layer/truediv/``, and ``acos``'s (an op with no scope of
+    its own) in ``gradient_tape/layer/``: ``failing_op.forward_op_of`` tells them apart so."""
+    weight = tf.Variable([2.0])
+
+    @tf.function
+    def gradient(x):
+        with tf.GradientTape() as tape, tf.name_scope("layer"):
+            y = tf.math.acos(x / weight)
+        return tape.gradient(y, weight)
+
+    graph = gradient.get_concrete_function(tf.constant([1.0])).graph
+    ops = {op.name: op for op in graph.get_operations()}
+    assert ops["layer/truediv"].type == "RealDiv" and ops["layer/Acos"].type == "Acos"
+    scopes = {n.rsplit("/", 1)[0] for n, op in ops.items() if is_gradient_op(n)}
+    assert f"{GRADIENT_SCOPE}/layer/truediv" in scopes, sorted(scopes)
+    reciprocal = [n for n, op in ops.items() if is_gradient_op(n) and op.type == "Reciprocal"]
+    assert reciprocal == [f"{GRADIENT_SCOPE}/layer/Reciprocal"], reciprocal
+
+
 def test_a_scope_entered_twice_is_uniquified_with_a_suffix():
     @tf.function
     def twice(x):
