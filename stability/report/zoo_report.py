@@ -46,6 +46,10 @@ ZOO_FIELDS = (
     "doctor_verdicts",
     *(f"{tool}_{column}" for tool in TOOL_NAMES for column in _TOOL_COLUMNS),
     "url",
+    # Appended: the cause NanSentinel names in fit, and whether its stage, op and cause are
+    # the harness's own (issue 43: one failure pipeline for both).
+    "nan_sentinel_cause",
+    "nan_sentinel_agrees",
 )
 
 #: (name in the scoreboard, prefix of its columns in ``zoo.csv``, the scores it has).
@@ -121,7 +125,24 @@ def zoo_row(entry: ZooEntry) -> dict[str, str]:
     }
     for tool in TOOL_NAMES:
         row.update(_tool_cells(tool, entry.tools.get(tool, {}), bug))
+    sentinel = entry.tools.get("nan_sentinel", {})
+    row["nan_sentinel_cause"] = sentinel.get("cause") or ""
+    row["nan_sentinel_agrees"] = _bool(sentinel_agrees(row))
     return row
+
+
+def sentinel_agrees(row: dict[str, str]) -> bool:
+    """Whether ``NanSentinel`` in fit named the harness's stage, op and cause (both found
+    no failure, or both found the same one)."""
+    if row["detected"] != row["nan_sentinel_detected"]:
+        return False
+    if row["detected"] != "True":
+        return True
+    return (row["nan_sentinel_stage"], row["nan_sentinel_op"], row["nan_sentinel_cause"]) == (
+        row["reported_stage"],
+        row["reported_op"],
+        row["reported_cause"],
+    )
 
 
 def write_zoo_report(entries: Sequence[ZooEntry], out: Path, command: str) -> tuple[Path, Path]:
@@ -205,6 +226,7 @@ def zoo_markdown(rows: Sequence[dict[str, str]], command: str) -> str:
             )
             + "."
         )
+    lines += ["", "## NanSentinel in fit against the harness", "", _agreement(rows)]
     lines += ["", "## Every bug", ""]
     lines += [
         "| bug | source | expected stage / cause / op | harness: stage / cause / op "
@@ -225,6 +247,21 @@ def zoo_markdown(rows: Sequence[dict[str, str]], command: str) -> str:
         )
     lines += ["", "## Cost per step", "", *_cost(rows), ""]
     return "\n".join(lines)
+
+
+def _agreement(rows: Sequence[dict[str, str]]) -> str:
+    """The sentence on how often ``NanSentinel`` in fit named what the harness's ``run``
+    named, computed from the ``nan_sentinel_agrees`` column."""
+    judged = [r for r in rows if r.get("nan_sentinel_agrees")]
+    differ = [r["bug"] for r in judged if r["nan_sentinel_agrees"] != "True"]
+    text = (
+        f"On {len(judged) - len(differ)} of {len(judged)} bugs `NanSentinel` in `model.fit` "
+        "names the same stage, op and cause as the harness's own run of the bug "
+        "(`nan_sentinel_agrees`)"
+    )
+    if differ:
+        return text + f"; it differs on {', '.join(f'`{b}`' for b in differ)}."
+    return text + "."
 
 
 def _tool_cell(row: dict[str, str], tool: str) -> str:

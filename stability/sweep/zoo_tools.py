@@ -4,7 +4,8 @@
 Each trains the bug's variant as a user would: its model and optimizer built by the
 harness's ``Trainer.build`` (seeded, on the case's dtype), compiled with the variant's loss
 and fitted on the case's data (``keras_input``: the trainer's batches, the same seed) for
-the case's epochs, once with ``TerminateOnNaN`` and once with check_numerics enabled. What
+the case's epochs (with no loss scale Keras would add under a mixed policy: the harness
+applies none), once with ``TerminateOnNaN`` and once with check_numerics enabled. What
 each saw is read the way a user reads it: ``TerminateOnNaN`` stops when the loss it logs
 is NaN or Inf, so it sees the loss only (its stage is ``loss``); check_numerics raises at
 the first op whose output is NaN or Inf, and its error names the op, read by the harness's
@@ -42,7 +43,8 @@ class ToolRun:
     """What one tool saw on one bug: whether it stopped the training (``detected``), at
     which step (1-based, counted over the whole fit), the stage it points at and the op it
     names (check_numerics, NanSentinel), and the median time of its steps after the first
-    (the first traces the step), None with fewer than two steps."""
+    (the first traces the step), None with fewer than two steps. ``cause`` is the cause
+    ``NanSentinel`` names (None for the other tools, which name none)."""
 
     tool: str
     detected: bool
@@ -50,6 +52,7 @@ class ToolRun:
     stage: str | None
     op: str | None
     ms_per_step: float | None
+    cause: str | None = None
 
 
 def tool_run(case_path: str, tool: str) -> dict:
@@ -62,17 +65,22 @@ def tool_run(case_path: str, tool: str) -> dict:
     (variant, config), *_ = run_configs(case)
     recipe = Trainer(get_variant(variant), data, config).build()
     model = recipe.model
-    model.compile(optimizer=recipe.optimizer, loss=HarnessLoss(recipe.loss))
+    # The bug's own training program, as the harness runs it: under a mixed policy Keras
+    # would put a LossScaleOptimizer around the optimizer, which skips the steps whose
+    # scaled gradients overflow; the harness's run applies no loss scale (a bug that
+    # scales its loss does it by hand, as b_fp16_loss_scaling's reporter did).
+    model.compile(optimizer=recipe.optimizer, loss=HarnessLoss(recipe.loss), auto_scale_loss=False)
     steps = StepCounter()
     callbacks = [steps.start]
-    sentinel = NanSentinel(verbose=False) if tool == "nan_sentinel" else None
+    # keep_state: an update failure is named op by op, as the harness's run names it.
+    sentinel = NanSentinel(verbose=False, keep_state=True) if tool == "nan_sentinel" else None
     if tool == "terminate_on_nan":
         callbacks.append(keras.callbacks.TerminateOnNaN())
     elif sentinel is not None:
         callbacks.append(sentinel)
     callbacks.append(steps)
     batches = keras_input(data, "train", batch_size=config.batch_size, seed=config.seed)
-    detected, stage, op, step = False, None, None, None
+    detected, stage, op, step, cause = False, None, None, None, None
     if tool == "check_numerics":
         tf.debugging.enable_check_numerics()
     try:
@@ -83,16 +91,18 @@ def tool_run(case_path: str, tool: str) -> dict:
         if sentinel is not None and sentinel.result.get("first_nan_step") is not None:
             found = sentinel.result
             detected, stage, op = True, found["first_nan_where"], found["first_nan_op"]
-            step = found["first_nan_step"]
+            step, cause = found["first_nan_step"], found["failure_cause"]
     except tf.errors.InvalidArgumentError as exc:  # check_numerics found a NaN or Inf
         site = site_from_error(str(exc), layer_names(model), model_name=model.name)
         detected, stage, op, step = True, site.where, site.op, steps.count + 1
     finally:
         if tool == "check_numerics":
             tf.debugging.disable_check_numerics()
-    later = steps.seconds[1:]
+    # The steps after the first (which traces the step), and before a detected failure's
+    # (whose time holds the tool's diagnosis: the sentinel's replay).
+    later = steps.seconds[1 : -1 if detected else None]
     ms = 1e3 * statistics.median(later) if later else None
-    return asdict(ToolRun(tool, detected, step, stage, op, ms))
+    return asdict(ToolRun(tool, detected, step, stage, op, ms, cause))
 
 
 def _all_finite(values: list) -> bool:

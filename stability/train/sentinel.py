@@ -41,6 +41,7 @@ setup"):
 from __future__ import annotations
 
 import bisect
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -58,7 +59,8 @@ from stability.train.guarded_optimizer import GuardedOptimizer
 from stability.train.keras_private import COMPUTE_LOSS_ARGS
 from stability.train.replay import replay_step, xla_gradient_site
 from stability.train.site import NanSite
-from stability.train.update_replay import nonfinite_state
+from stability.train.step import apply_update
+from stability.train.update_replay import nonfinite_state, replay_update
 
 #: ``first_nan_op`` where the failing batch could not be kept: under XLA with a
 #: distribution strategy (the strategy's step is compiled whole, and XLA fixes a resource
@@ -104,11 +106,25 @@ class NanSentinel(keras.callbacks.Callback):
         replay: replay the failing batch to name the layer and op.
         raise_error: raise ``NanSentinelError`` instead of stopping training gracefully.
         verbose: print one line when training is stopped (as ``TerminateOnNaN`` does).
+        keep_state: copy the weights and the optimizer's variables before every update, so
+            that an update which writes a non-finite value is replayed op by op from the
+            state before it and named as the trainer names it (the op, the slot, the
+            weight). Without it (the default: the copy is one assign per variable on every
+            healthy step, docs/performance.md) such a failure is named by the weight or
+            slot it left non-finite.
     """
 
-    def __init__(self, replay: bool = True, raise_error: bool = False, verbose: bool = True):
+    def __init__(
+        self,
+        replay: bool = True,
+        raise_error: bool = False,
+        verbose: bool = True,
+        keep_state: bool = False,
+    ):
         super().__init__()
         self.replay, self.raise_error, self.verbose = replay, raise_error, verbose
+        self.keep_state = keep_state
+        self._kept_state: list[tf.Variable] | None = None
         self.result: dict[str, Any] = _empty_result()
         self.report: StepReport | None = None
         self.failure: Failure | None = None
@@ -261,11 +277,33 @@ class NanSentinel(keras.callbacks.Callback):
                 dtype=dtype,
                 # Skip a failing update, and every update after it in the same execution:
                 # the weights from before the failing step are what the replay needs.
-                apply=lambda healthy, run: guard.guarded(healthy & (self._failed_step < 0), run),
+                apply=lambda healthy, run: guard.guarded(
+                    healthy & (self._failed_step < 0), self._keeping_state(run, model, optimizer)
+                ),
             )
             self._record(vector, tf.constant(0, tf.int32))
 
         return guard_step
+
+    def _keeping_state(
+        self, update: Callable[[], Any], model: keras.Model, optimizer: Any
+    ) -> Callable[[], Any]:
+        """``update``, after a copy of the state it changes (``keep_state``)."""
+        if not self.keep_state or not self.replay:
+            return update
+        state = _update_state(model, optimizer)
+        if self._kept_state is None or len(self._kept_state) != len(state):
+            with tf.init_scope():
+                self._kept_state = [
+                    tf.Variable(tf.zeros(v.shape, v.dtype), trainable=False) for v in state
+                ]
+
+        def kept_then_updated() -> Any:
+            for copy, variable in zip(self._kept_state, state, strict=True):
+                copy.assign(variable)
+            return update()
+
+        return kept_then_updated
 
     def _unscaled(self, optimizer: Any, grads: list) -> tuple[list, tf.Tensor]:
         """The gradients divided by the loss scale, as ``LossScaleOptimizer`` unscales them,
@@ -508,7 +546,38 @@ class SentinelReplays:
     def update(self) -> NanSite:
         optimizer = self.sentinel._optimizer
         inner = getattr(optimizer, "inner_optimizer", optimizer)  # a LossScaleOptimizer's
-        return nonfinite_state_site(self.model.trainable_variables, inner)
+        named = nonfinite_state_site(self.model.trainable_variables, inner)
+        kept = self.sentinel._kept_state
+        if kept is None or self.batch is None:
+            return named
+        site = self._replayed_update(optimizer, inner, kept)
+        if site is None:
+            return named
+        if site.layer is None:  # the weights the update left non-finite
+            return dataclasses.replace(site, layer=named.layer)
+        return site
+
+    def _replayed_update(self, optimizer: Any, inner: Any, kept: list) -> NanSite | None:
+        """The failing update replayed op by op from the state the sentinel copied before
+        it, as the trainer replays one (the state after it is put back)."""
+        state = _update_state(self.model, optimizer)
+        after = [v.numpy() for v in state]
+        try:
+            for variable, copy in zip(state, kept, strict=True):
+                variable.assign(copy)
+            # A LossScaleOptimizer's inner optimizer gets the unscaled gradients, which
+            # the replay computes from the unscaled loss.
+            return replay_update(
+                self.model,
+                inner,
+                self._loss(),
+                self.batch[0],
+                apply_update,
+                predict=self._predict,
+            )
+        finally:
+            for variable, value in zip(state, after, strict=True):
+                variable.assign(value)
 
 
 def nonfinite_state_site(weights: list, optimizer: keras.optimizers.Optimizer) -> NanSite:
@@ -529,6 +598,12 @@ STRATEGIES = (
     tf.distribute.TPUStrategy,
     tf.distribute.experimental.CentralStorageStrategy,
 )
+
+
+def _update_state(model: keras.Model, optimizer: Any) -> list:
+    """Every variable an update changes: the model's and the optimizer's (a
+    ``LossScaleOptimizer``'s include its inner optimizer's)."""
+    return [*model.variables, *optimizer.variables]
 
 
 def _distributed(model: keras.Model) -> bool:
