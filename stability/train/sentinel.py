@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -71,6 +72,12 @@ NOT_REPLAYED = "not named (the failing batch is not kept here)"
 #: scale's: at 1 the scaled gradients are the true ones. (Keras' ``LossScaleOptimizer``
 #: halves its scale without a floor; TensorFlow's old one stopped at 1.)
 LOSS_SCALE_FLOOR = 1.0
+
+#: The sentinel whose wrappers each model carries. A fit that raised before its sentinel
+#: stopped (``TerminateOnNaN(raise_error=True)`` listed first, KeyboardInterrupt) leaves them
+#: on, and after a failure their guard skips every update: the next sentinel set on the
+#: model takes them off first.
+_WIRED: weakref.WeakKeyDictionary[keras.Model, NanSentinel] = weakref.WeakKeyDictionary()
 
 
 class NanSentinelError(RuntimeError):
@@ -141,7 +148,10 @@ class NanSentinel(keras.callbacks.Callback):
 
     def set_model(self, model: keras.Model) -> None:
         super().set_model(model)
-        self._unwrap()
+        self._release()
+        left = _WIRED.get(model)
+        if left is not None:
+            left._release()
         self.result, self.report, self.failure = _empty_result(), None, None
         with tf.init_scope():
             self._steps = tf.Variable(0, dtype=tf.int64, trainable=False)
@@ -168,6 +178,7 @@ class NanSentinel(keras.callbacks.Callback):
             wrapped = GuardedOptimizer(self._optimizer, self._guard_step(model, self._optimizer))
             self._patch(model, "optimizer", wrapped)
             self._rebuild_train_function()
+        _WIRED[model] = self
 
     def _rebuild_train_function(self) -> None:
         """fit() builds its train function only if none is cached: build it afresh, so the
@@ -195,6 +206,17 @@ class NanSentinel(keras.callbacks.Callback):
             else:
                 setattr(owner, name, original)
         self._restore = []
+
+    def _release(self) -> None:
+        """Take the wrappers off, and drop the train function traced with them: ``fit``
+        reuses a cached one, so a later fit would run this sentinel's guard unwatched."""
+        models = {id(o): o for o, _, _ in self._restore if isinstance(o, keras.Model)}
+        self._unwrap()
+        for model in models.values():
+            if _WIRED.get(model) is self:
+                del _WIRED[model]
+            if getattr(model, "optimizer", None) is not None:
+                model.make_train_function(force=True)
 
     def _capturing(self, forward_pass: Any) -> Any:
         """``model.forward`` that also hands its outputs to the step being traced."""
@@ -431,9 +453,7 @@ class NanSentinel(keras.callbacks.Callback):
         self._epoch_steps = []
 
     def on_train_end(self, logs: dict | None = None) -> None:
-        self._unwrap()
-        if getattr(self.model, "optimizer", None) is not None:
-            self.model.make_train_function(force=True)  # a later fit traces it unwatched
+        self._release()
 
     def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
         self._epoch = epoch + 1
@@ -480,8 +500,10 @@ class NanSentinel(keras.callbacks.Callback):
             f" ({self.result['first_nan_layer'] or '-'}: {self.result['first_nan_op'] or '-'});"
             " training stopped"
         )
+        # No step runs after this one, and a callback after this one may raise (as
+        # TerminateOnNaN(raise_error=True) does), which skips every on_train_end.
+        self._release()
         if self.raise_error:
-            self._unwrap()
             raise NanSentinelError(line)
         if self.verbose:
             print(line)
