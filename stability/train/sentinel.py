@@ -159,6 +159,9 @@ class NanSentinel(keras.callbacks.Callback):
             self._failed_replica = tf.Variable(-1, dtype=tf.int32, trainable=False)
             # The first step of the loss scale's current run of skipped steps (-1: none).
             self._skips_from = tf.Variable(-1, dtype=tf.int64, trainable=False)
+            # Whether a batch was kept: under a strategy, only the failing replica's worker
+            # keeps one.
+            self._batch_kept = tf.Variable(False, trainable=False)
             # float64 holds any step's report exactly (a float32 one, or a float64 model's),
             # and the model's weights may not exist yet to say which it will be.
             self._failed_report = tf.Variable(tf.ones([REPORT_SIZE], tf.float64), trainable=False)
@@ -440,6 +443,7 @@ class NanSentinel(keras.callbacks.Callback):
             self._structure = data
         for variable, leaf in zip(self._stash, leaves, strict=True):
             variable.assign(leaf)
+        self._batch_kept.assign(True)
         return tf.no_op()
 
     # --- callbacks ------------------------------------------------------------------------
@@ -450,6 +454,7 @@ class NanSentinel(keras.callbacks.Callback):
         self._failed_step.assign(-1)
         self._failed_replica.assign(-1)
         self._skips_from.assign(-1)
+        self._batch_kept.assign(False)
         self._epoch_steps = []
 
     def on_train_end(self, logs: dict | None = None) -> None:
@@ -516,7 +521,7 @@ class NanSentinel(keras.callbacks.Callback):
     def kept_batch(self) -> tuple[Any, Any, Any] | None:
         """The failing step's batch as ``(x, y, sample_weight)``, or None where none was
         kept (``replay=False``, or see ``NOT_REPLAYED``)."""
-        if not self.replay or self._stash is None:
+        if not self.replay or self._stash is None or not bool(self._batch_kept.numpy()):
             return None
         data = tf.nest.pack_sequence_as(self._structure, [v.value() for v in self._stash])
         return keras.utils.unpack_x_y_sample_weight(data)
@@ -544,6 +549,9 @@ class SentinelReplays:
     def nonfinite(self, stage: str) -> NanSite | None:
         if self.batch is None:
             return NanSite(stage, None, NOT_REPLAYED if self.sentinel.replay else None)
+        return in_one_replica(lambda: self._nonfinite(stage))
+
+    def _nonfinite(self, stage: str) -> NanSite | None:
         x = self.batch[0]
         site = replay_step(self.model, self._loss(), x, predict=self._predict)
         if site is None and self.sentinel._exact and stage == "gradient":
@@ -554,6 +562,9 @@ class SentinelReplays:
     def normalization(self) -> NanSite:
         if self.batch is None:
             return NanSite("forward", None, "softmax normalization")
+        return in_one_replica(self._normalization)
+
+    def _normalization(self) -> NanSite:
         # The step's own forward pass, with its training flag, from the kept weights.
         out = forward(self.model, self.batch[0], training=True)
         receivers = out["receivers"]
@@ -572,7 +583,7 @@ class SentinelReplays:
         kept = self.sentinel._kept_state
         if kept is None or self.batch is None:
             return named
-        site = self._replayed_update(optimizer, inner, kept)
+        site = in_one_replica(lambda: self._replayed_update(optimizer, inner, kept))
         if site is None:
             return named
         if site.layer is None:  # the weights the update left non-finite
@@ -600,6 +611,30 @@ class SentinelReplays:
         finally:
             for variable, value in zip(state, after, strict=True):
                 variable.assign(value)
+
+
+def in_one_replica(fn: Callable[[], Any]) -> Any:
+    """``fn()`` where the model's variables can be read: as it is, or, inside a distribution
+    strategy's scope (a cross-replica context, where a mirrored variable's handle is not
+    available: ``fit`` runs its callbacks there when it is called in the scope), in the first
+    of this worker's replicas (their values are mirrored, so any one will do)."""
+    if not (tf.distribute.has_strategy() and tf.distribute.in_cross_replica_context()):
+        return fn()
+    strategy = tf.distribute.get_strategy()
+    first = min(int(r) for r in strategy.experimental_local_results(_replica_ids(strategy)))
+    results = []
+
+    def replica_fn() -> None:
+        if int(tf.distribute.get_replica_context().replica_id_in_sync_group) == first:
+            results.append(fn())
+
+    strategy.run(replica_fn)
+    return results[0] if results else None
+
+
+def _replica_ids(strategy: Any) -> Any:
+    """Each of this worker's replicas' id in the sync group, as a per-replica value."""
+    return strategy.run(lambda: tf.distribute.get_replica_context().replica_id_in_sync_group)
 
 
 def nonfinite_state_site(weights: list, optimizer: keras.optimizers.Optimizer) -> NanSite:
