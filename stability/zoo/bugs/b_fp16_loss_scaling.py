@@ -40,19 +40,17 @@ def laplace_nll(y_true, y_pred):
 
 
 class ScaledLoss(keras.losses.Loss):
-    """The loss times the loss scale, as ``get_scaled_loss`` computes it, in float16: the
-    reporter's custom training loop called the loss on the head's float16 predictions.
-    (Keras' compiled loss would convert them to float32 first; a ``Loss`` of dtype float16
-    keeps them float16, in ``run`` and in ``fit`` alike.)"""
+    """The loss times the loss scale, as ``get_scaled_loss`` computes it, in the model's
+    compute dtype (float16 under ``mixed_float16``): the reporter's custom training loop
+    called the loss on the head's float16 predictions. Keras' compiled loss would convert
+    them to float32 first; a ``Loss`` of the compute dtype keeps them as the reporter had
+    them, in ``run`` and in ``fit`` alike."""
 
-    def __init__(self):
-        super().__init__(name="scaled_laplace_nll", dtype="float16")
+    def __init__(self, dtype):
+        super().__init__(name="scaled_laplace_nll", dtype=dtype)
 
     def call(self, y_true, y_pred):
         return laplace_nll(y_true, y_pred) * LOSS_SCALE
-
-
-scaled_loss = ScaledLoss()
 
 
 def unscale(gradients):
@@ -98,7 +96,7 @@ def zoo_b_fp16_loss_scaling(ctx):
     return Recipe(
         model=MixedPrecisionGNN(ctx.hidden),
         optimizer=keras.optimizers.Adam(ctx.learning_rate),
-        loss=scaled_loss,
+        loss=ScaledLoss(keras.mixed_precision.Policy(ctx.dtype).compute_dtype),
         gradient_transform=unscale,
     )
 
