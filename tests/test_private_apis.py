@@ -21,10 +21,12 @@ from stability.train.keras_private import COMPUTE_LOSS_ARGS, is_slot_of, slot_na
 from stability.train.tf_private import (
     GRADIENT_SCOPE,
     captured_handles,
+    disable_op_determinism,
     error_first_input,
     error_node,
     error_op_type,
     is_gradient_op,
+    op_determinism_enabled,
     strip_uniquifier,
 )
 
@@ -207,3 +209,15 @@ def test_train_step_passes_compute_loss_its_arguments_in_this_order():
     assert set(seen) == set(COMPUTE_LOSS_ARGS), seen
     assert seen["x"].shape[-1] == 3 and seen["y"].shape[-1] == 1
     assert seen["y_pred"].shape[-1] == 1
+
+
+def test_op_determinism_can_be_read_and_turned_off_again():
+    was = op_determinism_enabled()
+    try:
+        tf.config.experimental.enable_op_determinism()
+        assert op_determinism_enabled()
+        disable_op_determinism()
+        assert not op_determinism_enabled()
+    finally:
+        if was:
+            tf.config.experimental.enable_op_determinism()

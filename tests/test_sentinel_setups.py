@@ -74,6 +74,7 @@ from stability.sweep.zoo_tools import HarnessLoss
 from stability.train.config import seed_everything
 from stability.train.keras_input import keras_input
 from stability.train.step import input_signature
+from stability.train.tf_private import disable_op_determinism, op_determinism_enabled
 
 pytestmark = pytest.mark.xdist_group("sentinel_setups")  # one worker: one trainer cache
 
@@ -375,10 +376,8 @@ def without_op_determinism() -> Iterator[None]:
     with determinism enabled"; ``jit_compile=True`` becomes False with a warning), and
     ``Trainer.build`` turns it on (``seed_everything``) for the whole process. TensorFlow
     has no public switch to turn it off."""
-    from tensorflow.python.framework import config as tf_config
-
-    was = tf_config.is_op_determinism_enabled()
-    tf_config.disable_op_determinism()
+    was = op_determinism_enabled()
+    disable_op_determinism()
     try:
         yield
     finally:

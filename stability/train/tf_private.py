@@ -6,7 +6,9 @@ changes one fails a named test instead of misnaming a failure.
   input tensor);
 - the scope the gradient tape puts a gradient op in (``gradient_tape/<forward scope>``);
 - the ``_<n>`` suffix TensorFlow appends to a name scope entered again in one graph;
-- ``FuncGraph.captures``, which pairs a captured variable's handle with its placeholder.
+- ``FuncGraph.captures``, which pairs a captured variable's handle with its placeholder;
+- turning op determinism off and reading it (tests that compile with XLA after a run turned
+  it on).
 """
 
 from __future__ import annotations
@@ -65,3 +67,19 @@ def captured_handles(graph: Any) -> dict[int, Any]:
 def is_gradient_op(name: str) -> bool:
     """Whether op ``name`` is one the gradient tape made."""
     return name.startswith(GRADIENT_SCOPE + "/")
+
+
+def op_determinism_enabled() -> bool:
+    """Whether TensorFlow's op determinism is on (``tf.config.experimental`` can only turn
+    it on)."""
+    from tensorflow.python.framework import config as tf_config
+
+    return bool(tf_config.is_op_determinism_enabled())
+
+
+def disable_op_determinism() -> None:
+    """Turn TensorFlow's op determinism off: Keras compiles ``jit_compile=True`` with XLA only
+    while it is off, and TensorFlow has no public switch for it."""
+    from tensorflow.python.framework import config as tf_config
+
+    tf_config.disable_op_determinism()
