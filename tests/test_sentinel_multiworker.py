@@ -25,14 +25,18 @@ EXAMPLES, GLOBAL_BATCH, FEATURES = 64, 16, 4
 BAD_BATCH = 2
 
 
-def _data(planted: bool) -> Any:
+def _data(plant: str) -> Any:
+    """64 examples in 4 global batches of 16; under the DATA policy worker 1 trains the second
+    half of each. ``plant`` puts its fault in worker 1's half of batch ``BAD_BATCH``:
+    ``forward``, inputs of 100 (exp(50 x) overflows); ``gradient``, inputs of 0 (the square
+    root's gradient at 0 is inf); ``optimizer`` and ``none`` leave the data alone."""
     import tensorflow as tf
 
     rng = np.random.default_rng(0)
     x = rng.normal(scale=0.01, size=(EXAMPLES, FEATURES)).astype("float32")
-    if planted:
-        start = BAD_BATCH * GLOBAL_BATCH + GLOBAL_BATCH // 2
-        x[start : start + GLOBAL_BATCH // 2] = 100.0  # exp(50 * 100 * w) overflows
+    start = BAD_BATCH * GLOBAL_BATCH + GLOBAL_BATCH // 2
+    if plant in ("forward", "gradient"):
+        x[start : start + GLOBAL_BATCH // 2] = 100.0 if plant == "forward" else 0.0
     y = x.sum(axis=1, keepdims=True)
     data = tf.data.Dataset.from_tensor_slices((x, y)).batch(GLOBAL_BATCH, drop_remainder=True)
     options = tf.data.Options()
@@ -40,35 +44,50 @@ def _data(planted: bool) -> Any:
     return data.with_options(options)
 
 
-def sentinel_fit(strategy: Any, planted: bool) -> dict[str, Any]:
-    """A worker: fit a Dense -> exp(50 x) -> Dense model under ``NanSentinel``."""
+def sentinel_fit(strategy: Any, plant: str) -> dict[str, Any]:
+    """A worker: fit a small model with ``plant``'s fault (see ``_data``) under
+    ``NanSentinel``: Dense -> exp(50 x) -> Dense for ``forward`` and ``none``; Dense ->
+    |h| -> Dense for ``gradient`` (an input of 0 makes h 0);
+    for ``optimizer``, Adam with
+    ``epsilon=0`` and an input column that is always 0, so its kernel row's gradient and
+    second moment are 0 and its first update is 0/0."""
     import keras
     import tensorflow as tf
 
     from stability import NanSentinel
 
-    @keras.saving.register_keras_serializable("sentinel_multiworker")
     class PlantedExp(keras.layers.Layer):
         def call(self, h):
             return tf.exp(50.0 * h)
+
+    class PlantedSqrt(keras.layers.Layer):
+        def call(self, h):
+            # The norm of h, as a distance: the square root's gradient is inf where h is 0.
+            # (sqrt(square(h)) alone is folded into abs(h) by TensorFlow's graph optimizer.)
+            return tf.sqrt(tf.reduce_sum(tf.square(h), axis=-1, keepdims=True))
 
     class Model(ReducibleLogs, keras.Sequential):
         pass
 
     init = keras.initializers.GlorotUniform
-    model = Model(
-        [
-            keras.layers.Dense(4, kernel_initializer=init(1), name="dense_in"),
-            PlantedExp(name="planted_exp"),
-            keras.layers.Dense(1, kernel_initializer=init(2), name="dense_out"),
-        ]
-    )
+    middle = PlantedSqrt(name="planted_sqrt") if plant == "gradient" else None
+    layers = [
+        # No bias: an input of 0 makes h exactly 0 (a bias moves off 0 with the first update).
+        keras.layers.Dense(4, kernel_initializer=init(1), use_bias=False, name="dense_in"),
+        middle or PlantedExp(name="planted_exp"),
+        keras.layers.Dense(1, kernel_initializer=init(2), name="dense_out"),
+    ]
+    model = Model(layers)
+    epsilon = 0.0 if plant == "optimizer" else 1e-7
+    data = _data(plant)
+    if plant == "optimizer":  # one input column always 0
+        data = data.map(lambda x, y: (x * tf.constant([1.0, 1.0, 1.0, 0.0]), y))
     sentinel = NanSentinel(verbose=False)
     with strategy.scope():
         model.build((None, FEATURES))
-        model.compile(optimizer=keras.optimizers.Adam(1e-3), loss="mse")
+        model.compile(optimizer=keras.optimizers.Adam(1e-3, epsilon=epsilon), loss="mse")
         model.optimizer.build(model.trainable_variables)
-        history = model.fit(_data(planted), epochs=2, verbose=0, callbacks=[sentinel])
+        history = model.fit(data, epochs=2, verbose=0, callbacks=[sentinel])
     weights = [np.asarray(w) for w in model.get_weights()]
     return {
         "result": sentinel.result,
@@ -78,27 +97,58 @@ def sentinel_fit(strategy: Any, planted: bool) -> dict[str, Any]:
     }
 
 
+def _fit(plant: str) -> list[dict[str, Any]]:
+    return run_workers("test_sentinel_multiworker:sentinel_fit", {"plant": plant})
+
+
 def test_a_healthy_multiworker_fit_raises_no_alarm():
-    results = run_workers("test_sentinel_multiworker:sentinel_fit", {"planted": False})
-    for worker in results:
+    for worker in _fit("none"):
         assert worker["result"]["first_nan_step"] is None, worker
         assert worker["finite"] and all(np.isfinite(worker["loss"]))
         assert worker["steps"] == 2 * EXAMPLES // GLOBAL_BATCH
 
 
-def test_a_failure_in_one_workers_replica_is_reported_once_with_its_replica():
-    results = run_workers("test_sentinel_multiworker:sentinel_fit", {"planted": True})
+def _same_failure_on_both(results: list[dict[str, Any]], step: int, stage: str) -> list[dict]:
+    """Both workers stop at ``step`` (their collectives must) and name the same stage and
+    replica; the failing update was held back on both."""
     found = [worker["result"] for worker in results]
-    # Both workers stop at the same step (their collectives must), and name the same replica.
     for result in found:
-        assert (result["first_nan_epoch"], result["first_nan_step"]) == (1, BAD_BATCH + 1)
-        assert result["first_nan_where"] == "forward"
-        assert result["replica"] == 1
+        assert (result["first_nan_epoch"], result["first_nan_step"]) == (1, step), result
+        assert result["first_nan_where"] == stage, result
+        assert result["replica"] == found[0]["replica"]
+    return found
+
+
+@pytest.mark.parametrize(
+    ("plant", "stage", "layer", "op", "cause"),
+    [
+        ("forward", "forward", "planted_exp", "Exp ", "forward overflow"),
+        ("gradient", "gradient", "planted_sqrt", "Sqrt ", "non-finite gradient op"),
+    ],
+)
+def test_a_failure_in_one_workers_replica_is_reported_once_with_its_replica(
+    plant, stage, layer, op, cause
+):
+    results = _fit(plant)
+    found = _same_failure_on_both(results, BAD_BATCH + 1, stage)
+    assert found[0]["replica"] == 1, "the fault is in worker 1's half of the batch"
     assert all(worker["finite"] for worker in results), "the failing update is held back"
     # The failing replica's worker replays its batch and names the layer and op.
-    assert found[1]["first_nan_layer"] == "planted_exp"
-    assert found[1]["first_nan_op"].startswith("Exp ")
-    assert found[1]["failure_cause"] == "forward overflow"
+    assert found[1]["first_nan_layer"] == layer
+    assert found[1]["first_nan_op"].startswith(op), found[1]
+    assert found[1]["failure_cause"] == cause
     # The other worker has no batch of that replica: it says so instead of guessing.
     assert found[0]["first_nan_layer"] is None
     assert found[0]["first_nan_op"].startswith("not named")
+
+
+def test_an_update_failure_is_named_by_the_weight_it_left_non_finite():
+    """Adam's 0/0 writes NaN into every replica's copy of the weight (the update is applied
+    everywhere after the all-reduce), so every replica's after-update check fails: the first
+    replica is reported, on both workers, with the weight's layer."""
+    found = _same_failure_on_both(_fit("optimizer"), 1, "weights")
+    for result in found:
+        assert result["replica"] == 0
+        assert result["first_nan_layer"].endswith("dense_in"), result
+        assert result["first_nan_op"].startswith("Adam update"), result
+        assert result["failure_cause"] == "optimizer"
