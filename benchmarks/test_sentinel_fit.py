@@ -225,21 +225,12 @@ def _build_in(strategy: Any, trainer: Any) -> Any:
     and seeded as it does, then built from the same context on the probe's 4 graphs."""
     import keras
 
-    from stability.model.recipe import BuildContext
     from stability.train.config import seed_everything
 
     data, config = trainer.dataset, trainer.config
     keras.backend.clear_session()
     seed_everything(config.seed)
-    ctx = BuildContext(
-        num_features=data.num_features,
-        hidden=config.hidden,
-        num_layers=config.num_layers,
-        learning_rate=config.learning_rate,
-        edge_mean=data.edge_mean,
-        edge_std=data.edge_std,
-        dtype=config.dtype,
-    )
+    ctx = trainer.context()
     with strategy.scope():
         recipe = trainer.variant.build(ctx)
         recipe.model(_first(data, 4)[0])

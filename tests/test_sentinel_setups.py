@@ -407,15 +407,7 @@ def build_in(strategy: tf.distribute.Strategy, trainer: Trainer) -> Recipe:
     data, config = trainer.dataset, trainer.config
     keras.backend.clear_session()
     seed_everything(config.seed)
-    ctx = BuildContext(
-        num_features=data.num_features,
-        hidden=config.hidden,
-        num_layers=config.num_layers,
-        learning_rate=config.learning_rate,
-        edge_mean=data.edge_mean,
-        edge_std=data.edge_std,
-        dtype=config.dtype,
-    )
+    ctx = trainer.context()
     with strategy.scope():
         recipe = trainer.variant.build(ctx)
         recipe.model(first_batch(data)[0])

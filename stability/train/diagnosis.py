@@ -90,12 +90,8 @@ class Diagnosis:
     def _weights_site(self, rewind: Rewind | None, batch: GraphBatch) -> NanSite:
         recipe = self.recipe
         named = nonfinite_weight_site(recipe.model.trainable_variables, recipe.optimizer)
-        site = self.update_site(rewind, batch) if rewind is not None else None
-        if site is None:
-            return named
-        if site.layer is None:  # the weights the update left non-finite
-            return dataclasses.replace(site, layer=named.layer)
-        return site
+        replayed = self.update_site(rewind, batch) if rewind is not None else None
+        return replayed_or_named(replayed, named)
 
     def _replayed_site(self, batch: GraphBatch, fed: GraphBatch, stage: str) -> NanSite | None:
         recipe = self.recipe
@@ -276,6 +272,17 @@ class TrainerReplays:
 
     def update(self) -> NanSite:
         return self.diagnosis._weights_site(self.rewind, self.batch)
+
+
+def replayed_or_named(replayed: NanSite | None, named: NanSite) -> NanSite:
+    """An update failure's site: the update's replay where it named the op (with the layer
+    of the weights the update left non-finite where the replay named none), else ``named``,
+    the site read off those weights."""
+    if replayed is None:
+        return named
+    if replayed.layer is None:
+        return dataclasses.replace(replayed, layer=named.layer)
+    return replayed
 
 
 def failure_of(

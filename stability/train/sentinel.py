@@ -41,7 +41,6 @@ setup"):
 from __future__ import annotations
 
 import bisect
-import dataclasses
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -53,7 +52,7 @@ from stability.core.failures import Cause, Failure
 from stability.core.results import NAN_FIELDS
 from stability.train import guard
 from stability.train.checks import all_finite, nonfinite_weight_site, normalization_site
-from stability.train.diagnosis import name_failure
+from stability.train.diagnosis import name_failure, replayed_or_named
 from stability.train.forward import completed, forward, stats_dtype
 from stability.train.guard import REPORT_SIZE, StepReport
 from stability.train.guarded_optimizer import GuardedOptimizer
@@ -584,11 +583,7 @@ class SentinelReplays:
         if kept is None or self.batch is None:
             return named
         site = in_one_replica(lambda: self._replayed_update(optimizer, inner, kept))
-        if site is None:
-            return named
-        if site.layer is None:  # the weights the update left non-finite
-            return dataclasses.replace(site, layer=named.layer)
-        return site
+        return replayed_or_named(site, named)
 
     def _replayed_update(self, optimizer: Any, inner: Any, kept: list) -> NanSite | None:
         """The failing update replayed op by op from the state the sentinel copied before

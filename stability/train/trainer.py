@@ -79,15 +79,7 @@ class Trainer:
         """Clear Keras state, seed everything, and build the variant's recipe."""
         keras.backend.clear_session()
         seed_everything(self.config.seed)
-        ctx = BuildContext(
-            num_features=self.dataset.num_features,
-            hidden=self.config.hidden,
-            num_layers=self.config.num_layers,
-            learning_rate=self.config.learning_rate,
-            edge_mean=self.dataset.edge_mean,
-            edge_std=self.dataset.edge_std,
-            dtype=self.config.dtype,
-        )
+        ctx = self.context()
         with dtype_policy(self.config.dtype):  # a user's layers without dtype= follow the run's
             recipe = self.variant.build(ctx)
             # Built from the data's shapes and checked before the step reads its weights.
@@ -98,6 +90,19 @@ class Trainer:
         recipe.optimizer.build(recipe.model.trainable_variables)
         self.recipe = recipe
         return recipe
+
+    def context(self) -> BuildContext:
+        """What the variant is built from: the data set's shapes and scales, the run's
+        settings."""
+        return BuildContext(
+            num_features=self.dataset.num_features,
+            hidden=self.config.hidden,
+            num_layers=self.config.num_layers,
+            learning_rate=self.config.learning_rate,
+            edge_mean=self.dataset.edge_mean,
+            edge_std=self.dataset.edge_std,
+            dtype=self.config.dtype,
+        )
 
     def run(self) -> RunResult:
         cfg, data = self.config, self.dataset
