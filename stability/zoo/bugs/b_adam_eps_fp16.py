@@ -123,11 +123,7 @@ def zoo_b_hco_molecules(
                 target=float(len(senders) / 2 + (types > 0).sum()),
             )
         )
-    key = (
-        f"zoo_b_hco_molecules(seed={seed},num_graphs={num_graphs},min_atoms={min_atoms},"
-        f"max_atoms={max_atoms},cutoff={cutoff!r},val_fraction={val_fraction!r})"
-    )
-    return Dataset.from_graphs(key, graphs, seed=seed, val_fraction=val_fraction)
+    return Dataset.split(graphs, seed=seed, val_fraction=val_fraction)
 
 
 @register_variant

@@ -100,11 +100,7 @@ def zoo_b_lone_atoms(
                 target=float(len(senders) / 2 + types.sum()),
             )
         )
-    key = (
-        f"zoo_b_lone_atoms(seed={seed},num_graphs={num_graphs},max_atoms={max_atoms},"
-        f"lone_fraction={lone_fraction!r},cutoff={cutoff!r},val_fraction={val_fraction!r})"
-    )
-    return Dataset.from_graphs(key, graphs, seed=seed, val_fraction=val_fraction)
+    return Dataset.split(graphs, seed=seed, val_fraction=val_fraction)
 
 
 @register_variant

@@ -98,12 +98,7 @@ def zoo_b_counter_ions(
                 target=float(len(senders) / 2 + types.sum()),
             )
         )
-    key = (
-        f"zoo_b_counter_ions(seed={seed},num_graphs={num_graphs},min_atoms={min_atoms},"
-        f"max_atoms={max_atoms},ion_fraction={ion_fraction!r},cutoff={cutoff!r},"
-        f"val_fraction={val_fraction!r})"
-    )
-    return Dataset.from_graphs(key, graphs, seed=seed, val_fraction=val_fraction)
+    return Dataset.split(graphs, seed=seed, val_fraction=val_fraction)
 
 
 @register_variant

@@ -92,11 +92,7 @@ def zoo_b_with_single_atoms(
                 target=float(len(senders) / 2 + types.sum()),
             )
         )
-    key = (
-        f"zoo_b_with_single_atoms(seed={seed},num_graphs={num_graphs},max_atoms={max_atoms},"
-        f"single_fraction={single_fraction!r},cutoff={cutoff!r},val_fraction={val_fraction!r})"
-    )
-    return Dataset.from_graphs(key, graphs, seed=seed, val_fraction=val_fraction)
+    return Dataset.split(graphs, seed=seed, val_fraction=val_fraction)
 
 
 @register_variant
