@@ -2,6 +2,7 @@
 ``dataset_from_key`` reads every registered data set's key back into the same graphs."""
 
 import inspect
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -17,7 +18,8 @@ from stability.sweep.cases import load_case
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = Path(stability.__file__).parent
-ZOO_CASES = sorted((PACKAGE / "zoo" / "bugs").glob("*.toml"))
+BUGS = PACKAGE / "zoo" / "bugs"
+ZOO_CASES = sorted(BUGS.glob("*.toml"))
 
 # The built-in data sets, small: name -> parameters (``path`` is filled in by ``files``).
 BUILT_IN = {
@@ -27,6 +29,18 @@ BUILT_IN = {
     "npz": {},
     "structures": {"target": "energy_kcal"},
 }
+
+
+@pytest.fixture(autouse=True)
+def registries(isolated_registries):
+    """The registries as they were, so the zoo's data sets stay out of ``list_datasets``
+    elsewhere; the bug modules this test imported are forgotten too (``isolated_registries``
+    keeps the package's modules), so the next test's ``load_case`` registers them again."""
+    before = set(sys.modules)
+    yield
+    for name in set(sys.modules) - before:
+        if Path(getattr(sys.modules[name], "__file__", None) or "/").parent == BUGS:
+            del sys.modules[name]
 
 
 @pytest.fixture
@@ -151,7 +165,7 @@ def test_a_changed_file_is_refused_not_rebuilt_under_its_old_key(files):
         dataset_from_key(key)
 
 
-def test_a_builders_own_key_is_replaced_by_the_derived_one(isolated_registries):
+def test_a_builders_own_key_is_replaced_by_the_derived_one():
     graph = Graph(
         nodes=np.eye(2),
         edges=np.ones((2, 1)),
