@@ -1,0 +1,185 @@
+"""``reports/claims.md``: the rules, one row per claim, and a summary built from the verdicts.
+
+Every sentence here is assembled from the verdicts and the rows: a different outcome gives
+different words. The seed's words stand in quotes, verbatim; the harness's reading of each
+claim is in its own column.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+
+from stability.claims.rules import Rules, avoids, best_avoider, mechanism, timing_phrase
+from stability.claims.stats import ClaimInputs, SeedReading, seed_reading
+from stability.claims.table import BY_ID, NOT_REPRODUCED, NOT_RUN, REPRODUCED, Verdict
+from stability.report.summary import settings
+
+
+def claims_markdown(
+    verdicts: list[Verdict], rules: Rules, summary: str, molecules: str = "", float64: str = ""
+) -> str:
+    """``reports/claims.md``: the rules, one row per claim, what it means, and the sections
+    on the float64 case (``claims_dtype.float64_section``) and the molecules."""
+    table = pd.DataFrame(
+        [
+            {
+                "id": v.id,
+                "the seed says": v.claim,
+                "tested": BY_ID[v.id].tested,
+                "verdict": v.verdict,
+                "numbers": v.numbers,
+                "why not": v.why or "",
+                "report": v.report,
+            }
+            for v in verdicts
+        ]
+    )
+    counts = table["verdict"].value_counts()
+    tally = ", ".join(f"{counts.get(k, 0)} {k}" for k in (REPRODUCED, NOT_REPRODUCED, NOT_RUN))
+    parts = [
+        "# The seed's claims, checked",
+        "Every verdict below is computed from the rows of the claim cases' CSVs by these rules "
+        "(`stability/claims/rules.py`, one per claim of `CLAIM_TABLE` in "
+        "`stability/claims/table.py`), and every sentence of this page from the verdicts "
+        "and the rows (`stability/claims/report.py`). The seed's words are quoted "
+        "verbatim; the *tested* column is the harness's reading of each.",
+        "## Rules",
+        rules.text(),
+        f"## Verdicts ({tally})",
+        table.to_markdown(index=False),
+        "## What this means",
+        summary,
+        float64,
+        molecules,
+    ]
+    return "\n\n".join(p for p in parts if p) + "\n"
+
+
+def summary(verdicts: list[Verdict], inputs: ClaimInputs, rules: Rules) -> str:
+    """A paragraph for a reader with a NaN in their own GNN, built from the verdicts."""
+    reading = seed_reading(inputs)
+    if not isinstance(reading, SeedReading):
+        return "The seed case was not run, so there is nothing to say yet."
+    raw, stats, by_id = reading.raw, reading.stats, {v.id: v for v in verdicts}
+    sentences = [
+        _outcomes(stats),
+        _where(raw, by_id),
+        _remedies(stats, raw, rules, by_id),
+        _fixes(stats, raw, rules),
+    ]
+    return " ".join(s for s in sentences if s)
+
+
+def _outcomes(stats: dict) -> str:
+    finite = sorted(v for v, s in stats.items() if s.nans == 0)
+    failed = sorted(f"{v} (median epoch {_epoch(s)})" for v, s in stats.items() if s.nans)
+    parts = []
+    if finite:
+        parts.append(f"the variants that stayed finite in every run were {', '.join(finite)}")
+    if failed:
+        parts.append(
+            f"{'the others' if finite else 'every variant'} hit a NaN: {', '.join(failed)}"
+        )
+    return "On the seed case " + "; ".join(parts) + "."
+
+
+def _epoch(s) -> str:
+    finite = s.epochs[s.epochs < math.inf]
+    return f"{float(pd.Series(finite).median()):g}" if len(finite) else "-"
+
+
+def _where(raw, by_id: dict[str, Verdict]) -> str:
+    if not raw.nans:
+        return "raw_e never hit a NaN, so where and how it fails is not known here."
+    where = ", ".join(raw.wheres)
+    ops = ", ".join(raw.ops) or "no named op"
+    found = mechanism(raw)
+    how = {
+        "overflow": "exp overflowed to inf",
+        "underflow": "every exp into a node flushed to 0 and the division computed 0/0",
+        None: "the mechanism is neither the softmax's exp nor its division",
+    }[found]
+    forward = by_id["C11a"].verdict == REPRODUCED
+    return (
+        f"The first non-finite value of raw_e arose in the {where} stage at {ops}"
+        + (", in the forward softmax and not in the gradients" if forward else "")
+        + f" (C11a {by_id['C11a'].verdict}); there {how} (C11b {by_id['C11b'].verdict})."
+    )
+
+
+def _remedies(stats: dict, raw, rules: Rules, by_id: dict[str, Verdict]) -> str:
+    """The optimizer-side remedies the seed tried, in words the rules allow."""
+    parts = []
+    clip = stats.get("grad_clip")
+    if clip is not None:
+        outcome = "avoided the NaN" if avoids(clip, raw, rules) else "did not avoid the NaN"
+        parts.append(f"gradient clipping (grad_clip) {outcome}: {timing_phrase(clip, raw, rules)}")
+    for claim, what in (("C8b", "a lower learning rate"), ("C2b", "a larger batch")):
+        verdict = by_id[claim]
+        if verdict.verdict == NOT_RUN:
+            continue
+        avoided = verdict.verdict == NOT_REPRODUCED
+        outcome = (
+            "avoided the NaN within the budget in at least one setting"
+            if avoided
+            else "did not avoid the NaN in any setting tried"
+        )
+        parts.append(f"{what} {outcome} ({claim} {verdict.verdict})")
+    if not parts:
+        return ""
+    forward = by_id["C11a"].verdict == REPRODUCED
+    lead = (
+        "Since the NaN starts in the forward pass, the optimizer-side remedies can change when "
+        "it comes, not where: "
+        if forward
+        else "Of the optimizer-side remedies, "
+    )
+    return lead + "; ".join(parts) + "."
+
+
+def _fixes(stats: dict, raw, rules: Rules) -> str:
+    """The variants that avoided the NaN and what they cost in final MAE."""
+    best_name, best = best_avoider(stats, raw, rules)
+    if best is None:
+        return "No variant avoided the NaN for a budget long enough to judge."
+    others = [
+        f"{v} ({s.final_mae:.4g}, {s.final_mae / best.final_mae:.2f} x)"
+        for v, s in sorted(stats.items())
+        if v != best_name and avoids(s, raw, rules) and math.isfinite(s.final_mae)
+    ]
+    text = (
+        f"Of the variants that avoided the NaN, {best_name} had the lowest median final MAE "
+        f"({best.final_mae:.4g})"
+    )
+    if others:
+        text += f"; the others cost more: {', '.join(others)}"
+    return text + "."
+
+
+def molecules_section(frame: pd.DataFrame | None) -> str:
+    """The same variants on the G2 molecules, where that case was run: one row each."""
+    if frame is None:
+        return ""
+    rows = [
+        {
+            "variant": variant,
+            "NaN in": f"{s.nan_runs}/{s.runs}",
+            "max abs logit, median": round(s.median("max_abs_logit"), 1),
+            "final MAE, median (kcal/mol)": round(s.final_mae, 2),
+        }
+        for (variant,), s in sorted(settings(frame, ["variant"]), key=lambda kv: kv[0])
+    ]
+    failing = [r["variant"] for r in rows if not r["NaN in"].startswith("0/")]
+    seen = (
+        f"{len(failing)} of {len(rows)} variants hit a NaN there: {', '.join(failing)}"
+        if failing
+        else f"none of the {len(rows)} variants hit a NaN there"
+    )
+    return (
+        "## The same variants on real molecules\n\n"
+        f"[g2_molecules](g2_molecules.md): the seed case's model and variants on "
+        f"{frame['dataset'].iloc[0]}; {seen}. The claims above are judged on the synthetic "
+        "cases only.\n\n" + pd.DataFrame(rows).to_markdown(index=False)
+    )

@@ -1,0 +1,297 @@
+"""The doctor's report: ``<case>.doctor.csv``, one row per remedy, and ``<case>.doctor.md``,
+the failure, why the table calls for its remedies, what each did, and the fix to make.
+
+Every sentence is computed from the runs' rows (``stability.doctor.run``).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import math
+import statistics
+from collections.abc import Sequence
+from pathlib import Path
+
+from stability.core.files import atomic_writer
+from stability.doctor.remedies import HEADROOM, REMEDIES, command
+from stability.doctor.run import BUDGET_FACTOR, DoctorRun, Trial, median_epoch
+from stability.report.verdicts import DELAY_FACTOR, DELAYS, FIXES, NOT_APPLICABLE
+
+#: The columns of ``<case>.doctor.csv``.
+DOCTOR_FIELDS = (
+    "remedy",
+    "family",
+    "runs",
+    "avoided",
+    "verdict",
+    "first_failure_epoch",
+    "final_mae",
+    "mae_vs_best_fix",
+    "mae_vs_original_best",
+    "expected",
+    "failure_epochs",
+    "variant",
+    "budget",
+    "reason",
+    "command",
+    "epoch_time_vs_original",
+)
+
+
+def _g(value: float | None, digits: int = 4) -> str:
+    return "" if value is None or not math.isfinite(value) else f"{value:.{digits}g}"
+
+
+def _epoch(value: float) -> str:
+    return "" if not math.isfinite(value) else f"{value:g}"
+
+
+def trial_row(run: DoctorRun, trial: Trial, case_path: str) -> dict[str, str]:
+    """One remedy's ``<case>.doctor.csv`` row."""
+    symptom = run.finding.symptom or ""
+    verdict = trial.verdict(run.finding)
+    applied = trial.case is not None and bool(trial.rows)
+    epochs = trial.epochs if applied else []
+    best_fix = run.recommended()
+    best_fix_mae = best_fix.final_mae() if best_fix else None
+    mae = trial.final_mae() if applied else None
+    original_best = run.original_best_mae()
+    return {
+        "remedy": trial.remedy.name,
+        "family": trial.remedy.family,
+        "runs": str(len(trial.rows)) if applied else "0",
+        "avoided": str(sum(e is None for e in epochs)) if applied else "",
+        "verdict": verdict,
+        "first_failure_epoch": _epoch(median_epoch(epochs)) if epochs else "",
+        "final_mae": _g(mae),
+        "mae_vs_best_fix": _g(mae / best_fix_mae) if mae and best_fix_mae else "",
+        "mae_vs_original_best": _g(mae / original_best) if mae and original_best else "",
+        "expected": "helps" if trial.remedy.expected(symptom) else "cannot help",
+        "failure_epochs": ";".join("" if e is None else str(e) for e in epochs),
+        "variant": ",".join(trial.case.variants) if trial.case else "",
+        "budget": str(run.budget),
+        "reason": trial.reason if verdict == NOT_APPLICABLE else trial.remedy.reason(symptom),
+        "command": command(case_path, trial.case, run.case) if trial.case else "",
+        "epoch_time_vs_original": _g(_ratio(epoch_seconds(trial), epoch_seconds(run.original)), 3),
+    }
+
+
+def epoch_seconds(trial: Trial) -> float | None:
+    """The median over a trial's runs of their seconds per epoch trained (a run that failed
+    stopped in its failing epoch): what a remedy costs in time, float64's among others."""
+    values = []
+    for row in trial.rows:
+        seconds = float(row.get("wall_seconds") or "nan")
+        epochs = float(row.get("first_nan_epoch") or row.get("epochs") or "nan")
+        if math.isfinite(seconds) and math.isfinite(epochs) and epochs > 0:
+            values.append(seconds / epochs)
+    return statistics.median(values) if values else None
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a is not None and b else None
+
+
+def doctor_rows(run: DoctorRun, case_path: str) -> list[dict[str, str]]:
+    return [trial_row(run, trial, case_path) for trial in run.trials]
+
+
+def write_doctor_report(run: DoctorRun, out: Path, case_path: str) -> tuple[Path, Path]:
+    """Write ``<case>.doctor.csv`` and ``<case>.doctor.md`` into ``out``, atomically."""
+    rows = doctor_rows(run, case_path)
+    csv_path = out / f"{run.case.name}.doctor.csv"
+    md_path = out / f"{run.case.name}.doctor.md"
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=DOCTOR_FIELDS, lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(rows)
+    with atomic_writer(csv_path) as handle:
+        handle.write(buffer.getvalue())
+    with atomic_writer(md_path) as handle:
+        handle.write(doctor_markdown(run, rows, case_path))
+    return csv_path, md_path
+
+
+def doctor_markdown(run: DoctorRun, rows: Sequence[dict[str, str]], case_path: str) -> str:
+    parts = [f"# Doctor: `{run.variant}` on `{run.case.name}`", "", _setting(run, case_path), ""]
+    parts += ["## The failure", "", *_failure(run), ""]
+    if not run.trials:
+        return "\n".join(parts)
+    parts += ["## Why these remedies", "", *_why(run, rows), ""]
+    parts += ["## The remedies, rerun", "", *_table(run, rows), ""]
+    parts += ["## The fix", "", *_fix(run, rows), ""]
+    return "\n".join(parts)
+
+
+def _setting(run: DoctorRun, case_path: str) -> str:
+    case = run.original.case
+    seeds = ", ".join(map(str, case.seeds))
+    return (
+        f"`python -m stability doctor {case_path} --variant {run.variant}`: seeds {seeds}, "
+        f"batch {case.batch_sizes[0]}, learning rate {case.learning_rates[0]:g}, "
+        f"{case.dtype}, {case.epochs} epochs; the runs of every remedy are in "
+        f"`{run.case.name}.doctor/`."
+    )
+
+
+def _failure(run: DoctorRun) -> list[str]:
+    finding = run.finding
+    lines = []
+    for row, epoch in zip(finding.rows, finding.epochs, strict=True):
+        lines.append(f"- seed {row['seed']}: {_run_outcome(row, epoch)}")
+    if finding.symptom is None:
+        lines += ["", "No run failed, diverged or came near exp's limits: nothing to doctor."]
+    elif finding.symptom == "input":
+        lines += ["", "The data holds a NaN or Inf: no remedy trains on it; clean the data."]
+    else:
+        lines += ["", f"Symptom: **{finding.symptom}**. {_budget_sentence(run)}"]
+    return lines
+
+
+def _run_outcome(row: dict, epoch: int | None) -> str:
+    nan_epoch = (row.get("first_nan_epoch") or "").strip()
+    if nan_epoch:
+        where = ", ".join(
+            f"{label} `{row[key]}`"
+            for key, label in (("first_nan_layer", "layer"), ("first_nan_op", "op"))
+            if (row.get(key) or "").strip()
+        )
+        return (
+            f"failed at epoch {nan_epoch} (step {row.get('first_nan_step') or '?'}), stage "
+            f"{row.get('first_nan_where')}{', ' + where if where else ''}; cause "
+            f"**{row.get('failure_cause')}**"
+        )
+    if epoch is not None:
+        return f"no NaN, but its validation MAE diverged at epoch {epoch}: {row.get('warning')}"
+    if (row.get("warning") or "").strip():
+        return f"finite, final MAE {row.get('final_mae')}; warning: {row['warning']}"
+    return f"finite through {row.get('epochs')} epochs, final MAE {row.get('final_mae')}"
+
+
+def _budget_sentence(run: DoctorRun) -> str:
+    failed = [e for e in run.finding.epochs if e is not None]
+    basis = f"the case's budget ({run.case.epochs})"
+    if failed and BUDGET_FACTOR * max(failed) >= run.case.epochs:
+        basis = f"{BUDGET_FACTOR} times the latest failure epoch ({max(failed)})"
+    elif failed:
+        basis += f", more than {BUDGET_FACTOR} times the latest failure epoch ({max(failed)})"
+    return f"Every remedy reran the same seeds for {run.budget} epochs: {basis}."
+
+
+def _why(run: DoctorRun, rows: Sequence[dict[str, str]]) -> list[str]:
+    symptom = run.finding.symptom
+    helps = [r for r in rows if r["expected"] == "helps" and r["family"] != "candidate"]
+    cannot = [r for r in rows if r["expected"] == "cannot help"]
+    lines = [f"The doctor's table (docs/doctor.md) for **{symptom}**:", ""]
+    if helps:
+        lines += ["Expected to help:", ""]
+        lines += [f"- `{r['remedy']}`: {run_reason(run, r)}" for r in helps]
+        lines.append("")
+    if cannot:
+        lines += ["Expected not to help, tried anyway to show it:", ""]
+        lines += [f"- `{r['remedy']}`: {run_reason(run, r)}" for r in cannot]
+    return lines
+
+
+def run_reason(run: DoctorRun, row: dict[str, str]) -> str:
+    """The table's reason for a remedy (its why-not, for one that cannot apply)."""
+    trial = next(t for t in run.trials if t.remedy.name == row["remedy"])
+    return trial.remedy.reason(run.finding.symptom or "")
+
+
+def _table(run: DoctorRun, rows: Sequence[dict[str, str]]) -> list[str]:
+    lines = [
+        "| remedy | family | expected | runs | avoided | verdict | median failure epoch | "
+        "final MAE | vs best fix | vs original best | time per epoch vs original |",
+        "| --- | --- | --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for r in rows:
+        verdict = f"**{r['verdict']}**" if r["verdict"] == FIXES else r["verdict"]
+        if r["verdict"] == NOT_APPLICABLE:
+            verdict = f"not applicable: {r['reason']}"
+        epoch = r["first_failure_epoch"] or ("none" if r["runs"] != "0" else "")
+        lines.append(
+            f"| `{r['remedy']}` | {r['family']} | {r['expected']} | {r['runs']} | "
+            f"{r['avoided']} | {verdict} | {epoch} | {r['final_mae']} | "
+            f"{r['mae_vs_best_fix']} | {r['mae_vs_original_best']} | "
+            f"{r['epoch_time_vs_original']} |"
+        )
+    original = run.original_best_mae()
+    before = median_epoch(run.finding.epochs)
+    lines += [
+        "",
+        f"The rule: **fixes** when no run fails within the {run.budget} epochs"
+        + (" and none keeps the headroom warning" if run.finding.symptom == HEADROOM else "")
+        + f"; **delays** when the median failure epoch is at least {DELAY_FACTOR:g} times "
+        f"the original's ({_epoch(before) or 'none'}); else **does not help**. A run "
+        "without a failure counts as failing beyond the budget. Final MAE: the median over "
+        "the runs that have one; *vs best fix* divides it by the recommended fix's, *vs "
+        "original best* by the original runs' median best MAE before they failed ("
+        f"{_g(original) or 'none'}). *Time per epoch vs original*: the median seconds per "
+        "epoch of its runs over the original runs', as this doctor's runs measured them (how "
+        "many runs trained at once, and other work on the machine, move it).",
+    ]
+    return lines
+
+
+def _names(rows: Sequence[dict[str, str]], with_verdict: bool = False) -> str:
+    """``a`` (verdict), ``b`` ...: remedies named in a sentence."""
+    return ", ".join(
+        f"`{r['remedy']}`" + (f" ({r['verdict']})" if with_verdict else "") for r in rows
+    )
+
+
+def _fix(run: DoctorRun, rows: Sequence[dict[str, str]]) -> list[str]:
+    best = run.recommended()
+    symptom = run.finding.symptom
+    lines = []
+    if best is None:
+        delayed = [r for r in rows if r["verdict"] == DELAYS]
+        tail = f"; {_names(delayed)} delayed it." if delayed else "."
+        lines.append(f"No remedy fixed the {symptom} within {run.budget} epochs{tail}")
+    else:
+        row = next(r for r in rows if r["remedy"] == best.remedy.name)
+        ratio = row["mae_vs_original_best"]
+        versus = f", {ratio} times the original's best" if ratio else ""
+        others = [r for r in rows if r["verdict"] == FIXES and r["remedy"] != best.remedy.name]
+        others.sort(key=lambda r: float(r["final_mae"] or "inf"))
+        rest = f" The other fixes, by final MAE: {_names(others)}." if others else ""
+        lines.append(
+            f"Recommended: **`{best.remedy.name}`** ({best.remedy.label}), the fix with the "
+            f"lowest final MAE ({row['final_mae']}{versus}).{rest}"
+        )
+        lines += ["", f"In your code: {best.remedy.code}.", "", "Its runs, again:", ""]
+        lines += ["```bash", row["command"], "```"]
+    tried = [r for r in rows if r["verdict"] != NOT_APPLICABLE and r["family"] != "candidate"]
+    held = [r for r in tried if r["expected"] == "cannot help" and r["verdict"] != FIXES]
+    surprises = [r for r in tried if r["expected"] == "cannot help" and r["verdict"] == FIXES]
+    misses = [r for r in tried if r["expected"] == "helps" and r["verdict"] != FIXES]
+    lines.append("")
+    if held:
+        lines.append(f"As the table says, {_names(held, True)} did not fix the {symptom}.")
+    if surprises:
+        lines.append(
+            f"Against the table, {_names(surprises)} fixed it within the budget: the "
+            "table's reason does not hold for these runs."
+        )
+    if misses:
+        lines.append(f"Expected to help, but not a fix here: {_names(misses, True)}.")
+    return lines
+
+
+def remedy_table() -> str:
+    """The table of docs/doctor.md: every remedy, what it changes, and for which symptoms
+    the table expects it to help (and why), rendered from ``REMEDIES``."""
+    rows = [
+        "| remedy | family | what it changes | expected to help, and why | cannot help otherwise, "
+        "because |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for remedy in REMEDIES:
+        helps = "; ".join(f"*{symptom}*: {why}" for symptom, why in remedy.helps.items())
+        rows.append(
+            f"| `{remedy.name}` | {remedy.family} | {remedy.label}; in code: {remedy.code} | "
+            f"{helps} | {remedy.cannot} |"
+        )
+    return "\n".join(rows) + "\n"

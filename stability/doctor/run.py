@@ -1,0 +1,446 @@
+"""The doctor: train a variant, name its first failure, rerun the same seeds with every
+remedy of the table (``stability.doctor.remedies``) and judge each by the written rule.
+
+1. **The failure.** The variant trains on the case (its first batch size and learning rate,
+   the seeds asked for) as ``run`` would. A run's *failure epoch* is its first failure's
+   epoch (a NaN or a silent failure) or, without one, the epoch it diverged. The symptom is
+   the cause of the earliest failure; ``divergence`` if it only diverged; ``headroom`` for
+   runs that stayed finite but came near ``exp``'s limits (their warning).
+2. **The reruns.** Every remedy trains the same seeds for ``remedy_budget`` epochs: at least
+   3 times the latest failure epoch, and at least the case's budget.
+3. **The verdict** (``verdict``): ``fixes`` when no run fails within the budget (for a
+   headroom symptom: and none keeps the warning); ``delays`` when the median failure epoch
+   (a run without one counts as beyond the budget) is at least ``DELAY_FACTOR`` times the
+   original's; else ``does not help``. A remedy that cannot apply is ``not applicable``.
+
+Each remedy's runs are an ordinary case in the doctor's folder (``<case>__<remedy>.csv`` and
+its store), so ``--resume``, ``--workers`` and Ray work as for ``run``.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from stability.core.errors import RemedyError, StabilityError
+from stability.core.failures import Cause, read_cause
+from stability.data import Dataset
+from stability.doctor.remedies import DIVERGENCE, HEADROOM, REMEDIES, Remedy, candidate, case_for
+from stability.model.variants import get_variant
+from stability.report.verdicts import (
+    DELAYS,
+    DOES_NOT_HELP,
+    FIXES,
+    NOT_APPLICABLE,
+    delays,
+)
+from stability.sweep.cases import Case
+from stability.sweep.runner import (
+    build_variants,
+    check_same_data,
+    config_key,
+    execute_runs,
+    prepared,
+    run_configs,
+    source_datasets,
+)
+from stability.sweep.store import RunStore
+from stability.train.probe import error_line
+from stability.train.run_summary import RowSettings, headroom_warning
+from stability.train.trainer import Trainer
+
+if TYPE_CHECKING:
+    from stability.sweep.ray_executor import RayCluster
+
+#: The rerun budget is at least this many times the latest original failure epoch.
+BUDGET_FACTOR = 3
+
+#: The variant as it is: the trial whose runs the failure is read from.
+ORIGINAL = Remedy("original", "original", "the variant as it is", lambda *args: {}, "")
+
+
+Row = Mapping[str, str]
+
+
+def _number(row: Row, column: str) -> float | None:
+    text = str(row.get(column) or "").strip()
+    if not text or text.lower() == "nan":
+        return None
+    return float(text)
+
+
+def failure_epoch(row: Row) -> int | None:
+    """The run's first failure epoch (NaN or silent), else its divergence epoch, else None."""
+    epochs = [_number(row, "first_nan_epoch"), _number(row, "diverged_epoch")]
+    found = [int(e) for e in epochs if e is not None]
+    return min(found) if found else None
+
+
+def has_headroom_warning(row: Row, jit_compile: bool = False) -> bool:
+    """Whether a finite run came within the warning margin of ``exp``'s limits (under XLA,
+    also above half the overflow line: ``run_summary.headroom_warning``)."""
+    cfg = RowSettings(str(row.get("dtype") or "float32"), jit_compile)
+    return (
+        headroom_warning(_number(row, "max_exp_arg"), _number(row, "min_node_max_logit"), cfg)
+        is not None
+    )
+
+
+def median_epoch(epochs: Sequence[int | None]) -> float:
+    """The median failure epoch, a run without a failure counted as ``inf`` (beyond any
+    budget); ``inf`` when at least half the runs did not fail."""
+    return statistics.median([math.inf if e is None else float(e) for e in epochs])
+
+
+def verdict(
+    original: Sequence[int | None], remedied: Sequence[int | None], warned: Sequence[bool] = ()
+) -> str:
+    """The doctor's rule (module docstring) for a remedy's runs: their failure epochs
+    ``remedied`` (None: no failure within the budget) against the original runs' failure
+    epochs ``original``; ``warned``, for a headroom symptom, says which remedied runs kept
+    the warning."""
+    if not remedied:
+        raise ValueError("a verdict needs at least one run")
+    if all(e is None for e in remedied) and not any(warned):
+        return FIXES
+    before = median_epoch(original)
+    if math.isfinite(before) and delays(median_epoch(remedied), before):
+        return DELAYS
+    return DOES_NOT_HELP
+
+
+@dataclass(frozen=True)
+class Finding:
+    """What the original runs showed: the symptom, the earliest failing run's row (None
+    when no run failed) and every run's failure epoch."""
+
+    symptom: str | None
+    first: Row | None
+    epochs: tuple[int | None, ...]
+    rows: tuple[Row, ...]
+
+    @property
+    def layer(self) -> str | None:
+        text = str((self.first or {}).get("first_nan_layer") or "").strip()
+        return text or None
+
+
+def find(rows: Sequence[Row], jit_compile: bool = False) -> Finding:
+    """The ``Finding`` of the original runs' rows (of a case with ``jit_compile`` or not)."""
+    epochs = tuple(failure_epoch(row) for row in rows)
+    failing = [(e, i) for i, e in enumerate(epochs) if e is not None]
+    if failing:
+        first = rows[min(failing)[1]]
+        cause = read_cause(first)
+        if cause is Cause.INPUT:
+            return Finding(Cause.INPUT.value, first, epochs, tuple(rows))
+        symptom = DIVERGENCE if cause is Cause.NONE else cause.value
+        return Finding(symptom, first, epochs, tuple(rows))
+    warned = [row for row in rows if has_headroom_warning(row, jit_compile)]
+    if warned:
+        return Finding(HEADROOM, warned[0], epochs, tuple(rows))
+    return Finding(None, None, epochs, tuple(rows))
+
+
+def remedy_budget(finding: Finding, case_epochs: int) -> int:
+    """The reruns' epochs: ``BUDGET_FACTOR`` times the latest failure epoch, and never fewer
+    than the case's own budget (a fix must last as long as a finite run of the case)."""
+    failed = [e for e in finding.epochs if e is not None]
+    return max(BUDGET_FACTOR * max(failed) if failed else 0, case_epochs)
+
+
+@dataclass
+class Trial:
+    """One remedy on the case: its case (None when it cannot apply, ``reason`` says why),
+    the folder its store is in, and its runs' rows once trained."""
+
+    remedy: Remedy
+    case: Case | None
+    folder: Path = Path(".")
+    reason: str = ""
+    rows: list[Row] = field(default_factory=list)
+
+    @property
+    def epochs(self) -> list[int | None]:
+        return [failure_epoch(row) for row in self.rows]
+
+    def verdict(self, finding: Finding) -> str:
+        if self.case is None or not self.rows:
+            return NOT_APPLICABLE
+        jit = self.case.jit_compile
+        warned = (
+            [has_headroom_warning(r, jit) for r in self.rows] if finding.symptom == HEADROOM else []
+        )
+        return verdict(finding.epochs, self.epochs, warned)
+
+    def final_mae(self) -> float | None:
+        """The median final MAE of the runs that have one."""
+        values = [v for v in (_number(r, "final_mae") for r in self.rows) if v is not None]
+        return statistics.median(values) if values else None
+
+
+@dataclass
+class DoctorRun:
+    """A doctor's whole work: the case as diagnosed, the finding, the budget and trials."""
+
+    case: Case
+    variant: str
+    original: Trial
+    finding: Finding
+    budget: int = 0
+    trials: list[Trial] = field(default_factory=list)
+
+    def fixes(self) -> list[Trial]:
+        """The trials that fix the failure, cheapest (lowest median final MAE) first."""
+        fixed = [t for t in self.trials if t.verdict(self.finding) == FIXES]
+        return sorted(fixed, key=lambda t: (t.final_mae() is None, t.final_mae() or 0.0))
+
+    def recommended(self) -> Trial | None:
+        fixes = self.fixes()
+        return fixes[0] if fixes else None
+
+    def original_best_mae(self) -> float | None:
+        """The median over the original runs of their best MAE before any failure."""
+        values = [v for v in (_number(r, "best_mae") for r in self.original.rows) if v is not None]
+        return statistics.median(values) if values else None
+
+
+def diagnosed_case(case: Case, variant: str, seeds: Sequence[int] | None) -> Case:
+    """``case`` cut to the doctor's runs: ``variant``, ``seeds`` (default: the case's), the
+    case's first batch size and learning rate."""
+    get_variant(variant)  # an unknown name is one line before any training
+    return replace(
+        case,
+        name=f"{case.name}__original",
+        variants=(variant,),
+        seeds=tuple(seeds) if seeds else case.seeds,
+        batch_sizes=case.batch_sizes[:1],
+        learning_rates=case.learning_rates[:1],
+    )
+
+
+def plan(run: DoctorRun, candidates: Sequence[str] = ()) -> list[Trial]:
+    """Every remedy's trial on the diagnosed case, each checked by building its variant on
+    the data (``build_variants``): one that cannot apply gets its reason, and no runs."""
+    base = replace(run.original.case, epochs=run.budget)
+    stem = run.case.name
+    trials = []
+    for remedy in (*REMEDIES, *(candidate(name) for name in candidates)):
+        name = f"{stem}__{remedy.name.replace(':', '_')}"
+        try:
+            remedied = case_for(remedy, base, run.variant, run.finding.layer, name)
+            _check_applies(remedy, remedied)
+        except RemedyError as exc:
+            trials.append(Trial(remedy, None, run.original.folder, str(exc)))
+            continue
+        except StabilityError as exc:
+            if remedy.family == "candidate":
+                raise  # the user's own variant: a bad one is bad input
+            trials.append(Trial(remedy, None, run.original.folder, str(exc)))
+            continue
+        trials.append(Trial(remedy, remedied, run.original.folder))
+    return trials
+
+
+#: Data sets already built, by what builds them: every remedy of a doctor (and every doctor
+#: of the zoo) trains on its case's data, and a generated data set takes seconds to draw.
+_BUILT: dict[tuple, list[Dataset]] = {}
+
+
+def case_datasets(case: Case) -> list[Dataset]:
+    """``runner.case_datasets`` of ``case``, each data set built once per process."""
+    params = tuple(sorted((k, repr(v)) for k, v in case.dataset_params.items()))
+    source = (case.dataset, params, case.num_datasets, case.allow_nonfinite_input)
+    if source not in _BUILT:
+        _BUILT[source] = source_datasets(case)
+    key = (*source, case.self_loops, case.edge_transform)
+    if key not in _BUILT:
+        _BUILT[key] = [prepared(d, case) for d in _BUILT[source]]
+    return _BUILT[key]
+
+
+def _check_applies(remedy: Remedy, case: Case) -> None:
+    """Build the remedied variant on the remedied data, as its first run would."""
+    datasets = case_datasets(case)
+    if remedy.name == "larger_batch" and case.batch_sizes[0] >= len(datasets[0].train):
+        raise RemedyError(f"the training set has only {len(datasets[0].train)} graphs")
+    if remedy.name == "self_loops":
+        _check_has_isolated_nodes(replace(case, self_loops=False))
+    try:
+        build_variants(case, datasets[0])
+    except StabilityError as exc:
+        prefix = f"variant {case.variants[0]!r} cannot be built: "
+        raise RemedyError(str(exc).removeprefix(prefix)) from None
+    if remedy.name == "lower_lr":
+        _check_takes_learning_rate(case, datasets[0])
+
+
+def _check_has_isolated_nodes(case: Case) -> None:
+    """Self-loops are for nodes without an incoming edge; on data without one they would
+    change every aggregation and give no node a neighbour it lacked."""
+    if not any(d.isolated_nodes for d in case_datasets(case)):
+        raise RemedyError("every node of the data already has an incoming edge")
+
+
+def _check_takes_learning_rate(case: Case, dataset: Dataset) -> None:
+    """A variant whose optimizer ignores the case's learning rate cannot be given a lower one."""
+    (variant, config), *_ = run_configs(case)
+    recipe = Trainer(get_variant(variant), dataset, config).build()
+    rate = recipe.optimizer.learning_rate
+    value = float(rate.numpy()) if hasattr(rate, "numpy") else None
+    if value is None or not math.isclose(value, config.learning_rate, rel_tol=1e-6):
+        raise RemedyError(
+            "the variant's optimizer does not take the case's learning rate "
+            "(BuildContext.learning_rate)"
+        )
+
+
+def train_trials(
+    trials: Sequence[Trial],
+    progress: bool,
+    resume: bool,
+    overwrite: bool,
+    workers: int,
+    cluster: RayCluster | None,
+    desc: str,
+    tolerate: bool = False,
+) -> None:
+    """Train every applicable trial's runs at once (one sweep over all of them, so
+    ``workers`` stay busy across trials), each into its own store in its folder, and read
+    back every trial's rows for the seeds asked for (resumed runs included). The trials
+    may belong to several doctors (the zoo's). With ``tolerate``, a run that raises (a
+    remedied variant whose step cannot be traced, say) makes its trial not applicable, with
+    the error, instead of ending the sweep."""
+    active = [t for t in trials if t.case is not None]
+    stores: dict[str, RunStore] = {}
+    configs, all_datasets = [], []
+    try:
+        for trial in active:
+            case = trial.case
+            datasets = case_datasets(case)
+            settings = {"epochs": case.epochs, "dtype": case.dtype}
+            store = RunStore(trial.folder, case.name, resume, settings, overwrite)
+            stores[_store_key(trial)] = store
+            check_same_data(store, datasets)
+            all_datasets += datasets
+            configs += [
+                (dataset, variant, config)
+                for dataset in datasets
+                for variant, config in run_configs(case)
+                if config_key(variant, config, dataset) not in store.done
+            ]
+        ordered = _longest_first(configs)
+        broken: dict[tuple[str, str], str] = {}
+
+        def on_error(index: int, exc: Exception) -> None:
+            _, variant, config = ordered[index]
+            broken[(config.case, variant)] = f"it fails to train: {error_line(exc)}"
+
+        execute_runs(
+            ordered,
+            all_datasets,
+            progress,
+            lambda result: stores[(result.case, result.variant)].add(result),
+            desc,
+            workers,
+            cluster,
+            on_error if tolerate else None,
+        )
+        for trial in active:
+            wanted = {str(s) for s in trial.case.seeds}
+            rows = stores[_store_key(trial)].rows()
+            names = set(trial.case.variants)
+            trial.rows = [r for r in rows if r["seed"] in wanted and r["variant"] in names]
+            if _store_key(trial) in broken:
+                trial.reason, trial.case, trial.rows = broken[_store_key(trial)], None, []
+    finally:
+        for store in stores.values():
+            store.finish()
+
+
+def _store_key(trial: Trial) -> tuple[str, str]:
+    """A trial's runs by their rows' case and variant (unique across the zoo's doctors)."""
+    return trial.case.name, trial.case.variants[0]
+
+
+def _longest_first(configs: list) -> list:
+    """float64 runs first: they are the slowest, so the last runs to start are short ones
+    and no worker idles at the end (the rows do not depend on the order)."""
+    return sorted(configs, key=lambda c: c[2].dtype != "float64")
+
+
+def begin(case: Case, variant: str, out: Path, seeds: Sequence[int] | None = None) -> DoctorRun:
+    """A doctor of ``variant`` on ``case`` whose runs go to ``out``: its original trial,
+    checked (built on the data), not yet trained."""
+    original_case = diagnosed_case(case, variant, seeds)
+    _check_applies(ORIGINAL, original_case)
+    original = Trial(ORIGINAL, original_case, out)
+    return DoctorRun(case, variant, original, find([]))
+
+
+def conclude(run: DoctorRun, candidates: Sequence[str] = ()) -> None:
+    """Read the trained original runs: the finding, and, for a failure a remedy can treat,
+    the budget and every remedy's trial."""
+    run.finding = find(run.original.rows, run.case.jit_compile)
+    if run.finding.symptom is None or run.finding.symptom == Cause.INPUT.value:
+        return
+    run.budget = remedy_budget(run.finding, run.case.epochs)
+    run.trials = plan(run, candidates)
+
+
+def doctor(
+    case: Case,
+    variant: str,
+    out: Path,
+    seeds: Sequence[int] | None = None,
+    candidates: Sequence[str] = (),
+    progress: bool = True,
+    resume: bool = False,
+    overwrite: bool = False,
+    workers: int = 1,
+    cluster: RayCluster | None = None,
+    on_stage: Callable[[str], None] | None = None,
+) -> DoctorRun:
+    """Diagnose ``variant`` on ``case``, then train and judge every remedy (module docstring).
+    The runs go to ``out`` (one store per trial)."""
+    say = on_stage or (lambda text: None)
+    for name in candidates:
+        get_variant(name)
+    run = begin(case, variant, out, seeds)
+    seeds_text = ", ".join(map(str, run.original.case.seeds))
+    say(f"training {variant} on {case.name}: seeds {seeds_text}, {case.epochs} epochs")
+    train_trials([run.original], progress, resume, overwrite, workers, cluster, variant)
+    conclude(run, candidates)
+    if run.trials:
+        applicable = sum(t.case is not None for t in run.trials)
+        say(f"{run.finding.symptom}: rerunning {applicable} remedies for {run.budget} epochs")
+        train_trials(
+            run.trials, progress, resume, overwrite, workers, cluster, "remedies", tolerate=True
+        )
+    return run
+
+
+def doctor_many(
+    requests: Sequence[tuple[Case, str, Path]],
+    progress: bool = True,
+    resume: bool = False,
+    overwrite: bool = False,
+    workers: int = 1,
+    on_stage: Callable[[str], None] | None = None,
+) -> list[DoctorRun]:
+    """A doctor for each ``(case, variant, out)``, every doctor's runs in one sweep: all the
+    originals, then all the remedies, so ``workers`` stay busy across doctors (the zoo's)."""
+    say = on_stage or (lambda text: None)
+    runs = [begin(case, variant, out) for case, variant, out in requests]
+    say(f"training {len(runs)} bugs")
+    train_trials([r.original for r in runs], progress, resume, overwrite, workers, None, "bugs")
+    for run in runs:
+        conclude(run)
+    trials = [t for r in runs for t in r.trials]
+    say(f"rerunning {sum(t.case is not None for t in trials)} remedies")
+    train_trials(trials, progress, resume, overwrite, workers, None, "remedies", tolerate=True)
+    return runs

@@ -1,0 +1,50 @@
+"""A zoo bug's ground truth: where a public issue's numerical bug first shows, in the
+harness's vocabulary, and what the maintainers did about it.
+
+Each bug module of ``stability/zoo/bugs/`` defines ``BUG = ZooBug(...)`` beside its variant
+and data; its case file ``<name>.toml`` names the module in ``plugins``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from stability.core.errors import StabilityError
+from stability.core.failures import CAUSES, Stage
+
+STAGES = tuple(stage.value for stage in Stage)
+
+
+@dataclass(frozen=True)
+class ZooBug:
+    """One bug.
+
+    - ``name``: the case file's stem and the bug's id in ``zoo.csv``.
+    - ``source``: where it was reported, ``owner/repo#number`` (issue or pull request).
+    - ``url``: the page.
+    - ``summary``: the bug in one sentence.
+    - ``variant``: the registered variant that reproduces it.
+    - ``stage``: where the first non-finite (or, for a silent bug, wrong) value arises:
+      one of ``core.failures.Stage``.
+    - ``op``: a substring of the failing op the harness should name (``Exp``, ``Sqrt``...).
+    - ``cause``: the cause in the harness's vocabulary (``core.failures.CAUSES``).
+    - ``fix``: what the maintainers changed, in words.
+    - ``silent``: the bug gives a wrong value without any NaN or Inf.
+    """
+
+    name: str
+    source: str
+    url: str
+    summary: str
+    variant: str
+    stage: str
+    op: str
+    cause: str
+    fix: str
+    silent: bool = False
+
+    def __post_init__(self) -> None:
+        if self.stage not in STAGES:
+            raise StabilityError(f"zoo bug {self.name}: stage {self.stage!r} not one of {STAGES}")
+        if self.cause not in CAUSES:
+            raise StabilityError(f"zoo bug {self.name}: cause {self.cause!r} not one of {CAUSES}")

@@ -1,0 +1,297 @@
+"""The zoo's report: ``zoo.csv``, one row per bug (the harness, the doctor and the tools
+people use today against the bug's ground truth), and ``zoo.md``, the scoreboard.
+
+Every figure and sentence is computed from the rows.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+from collections.abc import Sequence
+from pathlib import Path
+
+from stability.core.files import atomic_writer
+from stability.report.verdicts import NOT_APPLICABLE
+from stability.zoo.run import ZooEntry
+
+#: The tools people use today, and the harness's own callback for ``fit``, by the prefix of
+#: their columns in ``zoo.csv`` (``zoo_tools.TOOLS``).
+TOOL_NAMES = {
+    "terminate_on_nan": "Keras TerminateOnNaN",
+    "check_numerics": "tf.debugging.enable_check_numerics",
+    "nan_sentinel": "stability.NanSentinel (the harness in your own fit)",
+}
+_TOOL_COLUMNS = ("detected", "stage", "stage_right", "localized", "op", "step", "ms_per_step")
+
+#: The columns of ``zoo.csv``; the booleans are ``True``/``False``.
+ZOO_FIELDS = (
+    "bug",
+    "source",
+    "expected_stage",
+    "reported_stage",
+    "detected",
+    "stage_right",
+    "cause_right",
+    "localized",
+    "fixed",
+    "expected_cause",
+    "reported_cause",
+    "expected_op",
+    "reported_op",
+    "reported_layer",
+    "failure_epoch",
+    "silent",
+    "doctor_fix",
+    "doctor_verdicts",
+    *(f"{tool}_{column}" for tool in TOOL_NAMES for column in _TOOL_COLUMNS),
+    "url",
+    # Appended: the cause NanSentinel names in fit, and whether its stage, op and cause are
+    # the harness's own (issue 43: one failure pipeline for both).
+    "nan_sentinel_cause",
+    "nan_sentinel_agrees",
+)
+
+#: (name in the scoreboard, prefix of its columns in ``zoo.csv``, the scores it has).
+TOOLS = (
+    (
+        "stability (this harness)",
+        "",
+        ("detected", "stage_right", "cause_right", "localized", "fixed"),
+    ),
+    *(
+        (name, f"{tool}_", ("detected", "stage_right", "localized"))
+        for tool, name in TOOL_NAMES.items()
+    ),
+)
+#: The issue's goals for the harness: score -> least rate.
+GOALS = {"detected": 0.95, "stage_right": 0.90, "cause_right": 0.80, "fixed": 0.70}
+
+
+def _bool(value: bool) -> str:
+    return "True" if value else "False"
+
+
+def _op_matches(expected: str, reported: str | None) -> bool:
+    return bool(reported) and expected.lower() in str(reported).lower()
+
+
+def _tool_cells(tool: str, run: dict, bug) -> dict[str, str]:
+    detected = bool(run.get("detected"))
+    stage_right = detected and run.get("stage") == bug.stage
+    ms = run.get("ms_per_step")
+    return {
+        f"{tool}_detected": _bool(detected),
+        f"{tool}_stage": run.get("stage") or "",
+        f"{tool}_stage_right": _bool(stage_right),
+        f"{tool}_localized": _bool(stage_right and _op_matches(bug.op, run.get("op"))),
+        f"{tool}_op": run.get("op") or "",
+        f"{tool}_step": str(run.get("step") or ""),
+        f"{tool}_ms_per_step": f"{ms:.3g}" if ms is not None else "",
+    }
+
+
+def zoo_row(entry: ZooEntry) -> dict[str, str]:
+    """One bug's ``zoo.csv`` row."""
+    bug, doctor = entry.bug, entry.doctor
+    finding = doctor.finding
+    first = finding.first if finding.symptom not in (None, "headroom") else None
+    reported_stage = (first or {}).get("first_nan_where") or ""
+    reported_cause = finding.symptom if first is not None else "none"
+    reported_op = (first or {}).get("first_nan_op") or ""
+    best = doctor.recommended()
+    stage_right = first is not None and reported_stage == bug.stage
+    verdicts = [f"{t.remedy.name}:{t.verdict(finding)}" for t in doctor.trials]
+    row = {
+        "bug": bug.name,
+        "source": bug.source,
+        "expected_stage": bug.stage,
+        "reported_stage": reported_stage,
+        "detected": _bool(first is not None),
+        "stage_right": _bool(stage_right),
+        "cause_right": _bool(reported_cause == bug.cause),
+        "localized": _bool(stage_right and _op_matches(bug.op, reported_op)),
+        "fixed": _bool(best is not None),
+        "expected_cause": bug.cause,
+        "reported_cause": reported_cause or "none",
+        "expected_op": bug.op,
+        "reported_op": reported_op,
+        "reported_layer": (first or {}).get("first_nan_layer") or "",
+        "failure_epoch": str(min((e for e in finding.epochs if e is not None), default="")),
+        "silent": _bool(bug.silent),
+        "doctor_fix": best.remedy.name if best else "",
+        "doctor_verdicts": ";".join(v for v in verdicts if not v.endswith(NOT_APPLICABLE)),
+        "url": bug.url,
+    }
+    for tool in TOOL_NAMES:
+        row.update(_tool_cells(tool, entry.tools.get(tool, {}), bug))
+    sentinel = entry.tools.get("nan_sentinel", {})
+    row["nan_sentinel_cause"] = sentinel.get("cause") or ""
+    row["nan_sentinel_agrees"] = _bool(sentinel_agrees(row))
+    return row
+
+
+def sentinel_agrees(row: dict[str, str]) -> bool:
+    """Whether ``NanSentinel`` in fit named the harness's stage, op and cause (both found
+    no failure, or both found the same one)."""
+    if row["detected"] != row["nan_sentinel_detected"]:
+        return False
+    if row["detected"] != "True":
+        return True
+    return (row["nan_sentinel_stage"], row["nan_sentinel_op"], row["nan_sentinel_cause"]) == (
+        row["reported_stage"],
+        row["reported_op"],
+        row["reported_cause"],
+    )
+
+
+def write_zoo_report(entries: Sequence[ZooEntry], out: Path, command: str) -> tuple[Path, Path]:
+    """Write ``zoo.csv`` and ``zoo.md`` into ``out``, atomically."""
+    rows = [zoo_row(entry) for entry in entries]
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=ZOO_FIELDS, lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(rows)
+    csv_path, md_path = out / "zoo.csv", out / "zoo.md"
+    with atomic_writer(csv_path) as handle:
+        handle.write(buffer.getvalue())
+    with atomic_writer(md_path) as handle:
+        handle.write(zoo_markdown(rows, command))
+    return csv_path, md_path
+
+
+def read_zoo(path: Path) -> list[dict[str, str]]:
+    with path.open(encoding="utf-8", newline="") as handle:
+        return list(csv.DictReader(handle))
+
+
+def scores(rows: Sequence[dict[str, str]]) -> dict[str, dict[str, tuple[int, list[str]]]]:
+    """tool -> score -> (how many bugs it got right, the bugs it missed)."""
+    board = {}
+    for name, prefix, kinds in TOOLS:
+        board[name] = {}
+        for kind in kinds:
+            right = [r["bug"] for r in rows if r[prefix + kind] == "True"]
+            board[name][kind] = (len(right), [r["bug"] for r in rows if r["bug"] not in right])
+    return board
+
+
+def zoo_markdown(rows: Sequence[dict[str, str]], command: str) -> str:
+    total = len(rows)
+    board = scores(rows)
+    lines = [
+        "# The zoo: real GNN numerical bugs, and who catches them",
+        "",
+        f"`{command}`: {total} bugs from public trackers, each a small Keras GNN written as "
+        "its users write it, with the data that triggers it and its ground truth (the stage "
+        "where the first non-finite or wrong value arises, the op, the cause, the "
+        "maintainers' fix): `stability/zoo/bugs/`. Each went through the harness (`run`), "
+        "the doctor, and `model.fit` of the same model and data with Keras' "
+        "`TerminateOnNaN` and with `tf.debugging.enable_check_numerics`.",
+        "",
+        "## The scoreboard",
+        "",
+        "| tool | detected | stage right | cause right | localized (stage and op) "
+        "| fixed by the doctor |",
+        "| --- | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for name, _, kinds in TOOLS:
+        cells = []
+        for kind in ("detected", "stage_right", "cause_right", "localized", "fixed"):
+            if kind in kinds:
+                right, _missed = board[name][kind]
+                cells.append(f"{right}/{total} ({right / total:.0%})" if total else "0/0")
+            else:
+                cells.append("—")
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    lines += ["", "## Against the goals", ""]
+    harness = board[TOOLS[0][0]]
+    for kind, goal in GOALS.items():
+        right, missed = harness[kind]
+        rate = right / total if total else 0.0
+        met = "met" if rate >= goal else "**missed**"
+        named = f"; missed: {', '.join(f'`{m}`' for m in missed)}" if missed else ""
+        lines.append(
+            f"- {kind.replace('_', ' ')}: {rate:.0%} against the goal {goal:.0%}, {met}{named}."
+        )
+    lines += ["", "## What each tool misses", ""]
+    for name, _, _kinds in TOOLS:
+        missed = board[name]["detected"][1]
+        lines.append(
+            f"- {name}: "
+            + (
+                f"does not detect {', '.join(f'`{m}`' for m in missed)}"
+                if missed
+                else "detects every bug"
+            )
+            + "."
+        )
+    lines += ["", "## NanSentinel in fit against the harness", "", _agreement(rows)]
+    lines += ["", "## Every bug", ""]
+    lines += [
+        "| bug | source | expected stage / cause / op | harness: stage / cause / op "
+        "| doctor's fix | TerminateOnNaN | check_numerics | NanSentinel |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in rows:
+        harness_cell = (
+            f"{r['reported_stage']} / {r['reported_cause']} / `{r['reported_op']}`"
+            if r["detected"] == "True"
+            else "not detected"
+        )
+        tools = [_tool_cell(r, tool) for tool in TOOL_NAMES]
+        lines.append(
+            f"| `{r['bug']}` | [{r['source']}]({r['url']}) | {r['expected_stage']} / "
+            f"{r['expected_cause']} / `{r['expected_op']}` | {harness_cell} | "
+            f"{r['doctor_fix'] or 'none'} | " + " | ".join(tools) + " |"
+        )
+    lines += ["", "## Cost per step", "", *_cost(rows), ""]
+    return "\n".join(lines)
+
+
+def _agreement(rows: Sequence[dict[str, str]]) -> str:
+    """The sentence on how often ``NanSentinel`` in fit named what the harness's ``run``
+    named, computed from the ``nan_sentinel_agrees`` column."""
+    judged = [r for r in rows if r.get("nan_sentinel_agrees")]
+    differ = [r["bug"] for r in judged if r["nan_sentinel_agrees"] != "True"]
+    text = (
+        f"On {len(judged) - len(differ)} of {len(judged)} bugs `NanSentinel` in `model.fit` "
+        "names the same stage, op and cause as the harness's own run of the bug "
+        "(`nan_sentinel_agrees`)"
+    )
+    if differ:
+        return text + f"; it differs on {', '.join(f'`{b}`' for b in differ)}."
+    return text + "."
+
+
+def _tool_cell(row: dict[str, str], tool: str) -> str:
+    if row[f"{tool}_detected"] != "True":
+        return "not detected"
+    op = f", `{row[f'{tool}_op']}`" if row[f"{tool}_op"] else ""
+    return f"step {row[f'{tool}_step']}, {row[f'{tool}_stage']}{op}"
+
+
+def _cost(rows: Sequence[dict[str, str]]) -> list[str]:
+    """The median over the bugs of each tool's median step time in ``fit`` (steps after the
+    first; a bug whose fit stopped at its first step has none), and its ratio to
+    ``TerminateOnNaN``'s on the same bugs."""
+    import statistics
+
+    lines = [
+        "Each tool's median time per step of `model.fit` on each bug (the steps after the "
+        "first, which traces the step; a fit stopped at its first step has none), its "
+        "median over the bugs, and its ratio to `TerminateOnNaN`'s over the bugs both have:",
+        "",
+        "| tool | bugs timed | median ms per step | ratio to TerminateOnNaN |",
+        "| --- | ---: | ---: | ---: |",
+    ]
+    base = "terminate_on_nan_ms_per_step"
+    for tool, name in TOOL_NAMES.items():
+        column = f"{tool}_ms_per_step"
+        timed = [r for r in rows if r[column]]
+        both = [r for r in timed if r[base]]
+        ratios = [float(r[column]) / float(r[base]) for r in both if float(r[base]) > 0]
+        median = f"{statistics.median(float(r[column]) for r in timed):.3g}" if timed else ""
+        ratio = f"{statistics.median(ratios):.2f}" if ratios else ""
+        lines.append(f"| {name} | {len(timed)} | {median} | {ratio} |")
+    return lines
