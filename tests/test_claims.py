@@ -7,7 +7,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from stability.report.claims import (
+from stability.claims.report import summary
+from stability.claims.table import (
     CLAIM_TABLE,
     CLAIMS,
     NOT_REPRODUCED,
@@ -23,7 +24,6 @@ from stability.report.claims import (
     setting_stats,
     worse_mae,
 )
-from stability.report.claims_report import summary
 
 RULES = Rules()
 SPE = 10  # steps per epoch in these rows

@@ -12,7 +12,15 @@ import pandas as pd
 from test_claims import SEED_TEXT, seed_frame
 
 from stability import cli
-from stability.report.claims import (
+from stability.claims.float64 import (
+    CLAIM_VARIANTS,
+    COMMAND,
+    QUOTES,
+    failure_cause,
+    float64_section,
+)
+from stability.claims.report import claims_markdown
+from stability.claims.table import (
     NOT_REPRODUCED,
     NOT_RUN,
     REPRODUCED,
@@ -21,14 +29,6 @@ from stability.report.claims import (
     Rules,
     judge,
 )
-from stability.report.claims_dtype import (
-    CLAIM_VARIANTS,
-    COMMAND,
-    QUOTES,
-    failure_cause,
-    float64_section,
-)
-from stability.report.claims_report import claims_markdown
 from stability.report.writer import read_results
 
 ROOT = Path(__file__).parent.parent

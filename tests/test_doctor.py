@@ -22,14 +22,9 @@ from stability.data import Dataset, load_dataset, register_dataset
 from stability.data.edge_transform import transform_edges
 from stability.data.graphs import Graph
 from stability.data.self_loops import with_self_loops
-from stability.model.variants import get_variant, register_variant
-from stability.report.doctor_report import DOCTOR_FIELDS, doctor_markdown, doctor_rows
-from stability.sweep.cases import Case, parse_case
-from stability.sweep.doctor import (
-    DELAYS,
-    DOES_NOT_HELP,
-    FIXES,
-    NOT_APPLICABLE,
+from stability.doctor.remedies import DIVERGENCE, HEADROOM, REMEDIES, SYMPTOMS, case_for, get_remedy
+from stability.doctor.report import DOCTOR_FIELDS, doctor_markdown, doctor_rows
+from stability.doctor.run import (
     ORIGINAL,
     DoctorRun,
     Trial,
@@ -42,7 +37,9 @@ from stability.sweep.doctor import (
     remedy_budget,
     verdict,
 )
-from stability.sweep.remedies import DIVERGENCE, HEADROOM, REMEDIES, SYMPTOMS, case_for, get_remedy
+from stability.model.variants import get_variant, register_variant
+from stability.report.verdicts import DELAYS, DOES_NOT_HELP, FIXES, NOT_APPLICABLE
+from stability.sweep.cases import Case, parse_case
 from stability.sweep.runner import case_datasets, execute_runs, run_configs
 
 ROOT = Path(__file__).resolve().parent.parent

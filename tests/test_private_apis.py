@@ -11,14 +11,12 @@ import numpy as np
 import tensorflow as tf
 from hypothesis import strategies as st
 
-from stability.data.hypothesis_engine import PRIVATE_API as HYPOTHESIS_PRIVATE
-from stability.data.hypothesis_engine import draw
-from stability.model.keras_layers import PRIVATE_API as KERAS_PRIVATE
-from stability.model.keras_layers import layer_names
-from stability.model.network import GraphNetwork
-from stability.train.failing_op import failing_node
-from stability.train.keras_private import COMPUTE_LOSS_ARGS, is_slot_of, slot_name
-from stability.train.tf_private import (
+from stability.compat.hypothesis_engine import PRIVATE_API as HYPOTHESIS_PRIVATE
+from stability.compat.hypothesis_engine import draw
+from stability.compat.keras_layers import PRIVATE_API as KERAS_PRIVATE
+from stability.compat.keras_layers import layer_names
+from stability.compat.keras_private import COMPUTE_LOSS_ARGS, is_slot_of, slot_name
+from stability.compat.tf_private import (
     GRADIENT_SCOPE,
     captured_handles,
     disable_op_determinism,
@@ -29,6 +27,8 @@ from stability.train.tf_private import (
     op_determinism_enabled,
     strip_uniquifier,
 )
+from stability.model.network import GraphNetwork
+from stability.train.failing_op import failing_node
 
 
 def test_keras_private_layer_walk_exists_and_finds_nested_layers():

@@ -15,8 +15,9 @@ import tensorflow as tf
 
 from stability.model.softmax import naive_segment_softmax
 from stability.model.variants import Variant, create_recipe, get_variant
+from stability.train.config import TrainConfig
 from stability.train.replay import XLA_ONLY
-from stability.train.trainer import TrainConfig, Trainer
+from stability.train.trainer import Trainer
 
 RECEIVERS = tf.constant([0, 0, 1, 1])
 WEIGHTS = tf.constant([[1.0], [2.0], [3.0], [4.0]])

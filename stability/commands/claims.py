@@ -1,5 +1,5 @@
 """``python -m stability claims``: run the claim cases, then judge the seed's claims into
-``claims.md`` (``stability.report.claims``)."""
+``claims.md`` (``stability.claims.table``)."""
 
 from __future__ import annotations
 
@@ -45,10 +45,10 @@ def add_claims_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def claims_command(args: argparse.Namespace) -> int:
+    from stability.claims.float64 import CASE, float64_section
+    from stability.claims.report import claims_markdown, molecules_section, summary
+    from stability.claims.table import ClaimInputs, Rules, judge
     from stability.core.files import atomic_write_text
-    from stability.report.claims import ClaimInputs, Rules, judge
-    from stability.report.claims_dtype import CASE, float64_section
-    from stability.report.claims_report import claims_markdown, molecules_section, summary
     from stability.report.writer import read_history, read_results
     from stability.sweep.cases import load_case
     from stability.sweep.runner import case_datasets

@@ -1,5 +1,5 @@
 """``python -m stability hunt``: search a case's data for graphs that break a variant, write
-what it found as a case, and check that ``run`` reproduces it (``stability.sweep.hunt``)."""
+what it found as a case, and check that ``run`` reproduces it (``stability.explore.hunt``)."""
 
 from __future__ import annotations
 
@@ -76,10 +76,10 @@ def hunt_command(args: argparse.Namespace) -> int:
 
     from stability.commands.flags import show_progress
     from stability.core.plugins import is_path
-    from stability.report.hunt_report import write_hunt_report
+    from stability.explore.found_case import write_found_case
+    from stability.explore.hunt import hunt
+    from stability.explore.hunt_report import write_hunt_report
     from stability.sweep.cases import load_case
-    from stability.sweep.found_case import write_found_case
-    from stability.sweep.hunt import hunt
     from stability.sweep.runner import run_case
 
     case = load_case(args.case, args.overrides)

@@ -13,8 +13,8 @@ from stability.commands.run import report_description
 from stability.core.errors import StabilityError
 
 if TYPE_CHECKING:
+    from stability.explore.map import MapCase
     from stability.sweep.cases import Case
-    from stability.sweep.map import MapCase
 
 
 def add_list_parser(sub: argparse._SubParsersAction) -> None:
@@ -100,8 +100,8 @@ def _load_case(path: Path | None, overrides: list[str]) -> tuple[Case | None, Ma
     ``[map]`` table), its map."""
     if path is None:
         return None, None
+    from stability.explore.map import load_map
     from stability.sweep.cases import load_case, parse_toml, read_case_text
-    from stability.sweep.map import load_map
 
     if "map" in parse_toml(read_case_text(path), str(path)):
         found = load_map(path, overrides)
@@ -147,7 +147,7 @@ def resummarize_csv(csv_path: Path, jit_compile: bool) -> int:
 
 
 def _map_report(map_case: MapCase, csv_path: Path, out: Path) -> int:
-    from stability.report.map_report import read_map_rows, write_map_report
+    from stability.explore.map_report import read_map_rows, write_map_report
 
     rows = read_map_rows(map_case, csv_path)
     path = write_map_report(map_case, rows, out, report_description(map_case.case))

@@ -1,5 +1,5 @@
 """``python -m stability map``: train a map case's grid and bisections, then write its
-markdown and heatmaps (``stability.sweep.map``)."""
+markdown and heatmaps (``stability.explore.map``)."""
 
 from __future__ import annotations
 
@@ -31,8 +31,8 @@ def add_map_parser(sub: argparse._SubParsersAction) -> None:
 def map_command(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
-    from stability.report.map_report import write_map_report
-    from stability.sweep.map import load_map, run_map
+    from stability.explore.map import load_map, run_map
+    from stability.explore.map_report import write_map_report
 
     maps = [load_map(path, args.overrides) for path in args.cases]  # all checked first
     maps = [replace(m, case=replace(m.case, threads=args.threads)) for m in maps]

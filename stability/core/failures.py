@@ -73,7 +73,7 @@ NO_FAILURE = Cause.NONE.value
 #: Every value of ``failure_cause``: the one vocabulary of causes.
 CAUSES = tuple(cause.value for cause in Cause)
 
-#: Every value of ``failure_kind`` (``FAILURE_KINDS`` of the trainer).
+#: Every value of ``failure_kind``.
 KINDS = tuple(kind.value for kind in Kind)
 
 #: Causes that are failures without a NaN or Inf anywhere in the step (issue 11).

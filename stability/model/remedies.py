@@ -9,7 +9,7 @@ name a registered softmax or logit transform (``use_softmax``, ``use_logit_trans
 the built-in ``AttentionMessagePassing`` does). A remedy that cannot act on a variant
 raises ``RemedyError``; the doctor reports it as not applicable, with that reason.
 
-Why each remedy can help which failure is the doctor's table (``stability.sweep.remedies``).
+Why each remedy can help which failure is the doctor's table (``stability.doctor.remedies``).
 """
 
 from __future__ import annotations
@@ -22,9 +22,9 @@ from typing import Any
 import keras
 import tensorflow as tf
 
+from stability.compat.keras_layers import nested_layers
 from stability.core.errors import RemedyError, StabilityError
 from stability.core.registry import Registry
-from stability.model.keras_layers import nested_layers
 from stability.model.recipe import BuildContext, Recipe, Variant
 
 #: What joins a variant's name and a remedy's in the name of the remedied variant.

@@ -25,8 +25,8 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from stability.compat.keras_layers import layer_names
 from stability.core.quiet import stderr_silenced
-from stability.model.keras_layers import layer_names
 from stability.train.failing_op import LOSS_SCOPE, failing_node, selected_away, site_from_error
 from stability.train.site import (
     DENOMINATOR,

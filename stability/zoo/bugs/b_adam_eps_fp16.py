@@ -29,7 +29,7 @@ from keras import ops
 from stability import Recipe, register_variant
 from stability.data import Dataset, register_dataset
 from stability.data.graphs import Graph
-from stability.sweep.zoo_bug import ZooBug
+from stability.zoo.bug import ZooBug
 
 VOCABULARY = ("H", "C", "N", "O", "F")
 

@@ -23,7 +23,7 @@ import tensorflow as tf
 from stability import Recipe, register_variant
 from stability.data import Dataset, register_dataset
 from stability.data.graphs import Graph
-from stability.sweep.zoo_bug import ZooBug
+from stability.zoo.bug import ZooBug
 
 
 class GCNLayer(keras.layers.Layer):

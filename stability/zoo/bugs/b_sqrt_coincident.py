@@ -31,7 +31,7 @@ import tensorflow as tf
 from stability import Recipe, register_variant
 from stability.data import Dataset, register_dataset
 from stability.data.graphs import Graph
-from stability.sweep.zoo_bug import ZooBug
+from stability.zoo.bug import ZooBug
 
 NUM_ELEMENTS = 3
 
