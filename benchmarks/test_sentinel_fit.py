@@ -4,7 +4,7 @@ The harness's own model as ``stability.zoo.tools`` fits it: the recipe of
 ``Trainer.build`` (``stable_softmax``, hidden 32, the synthetic data set of 400 graphs),
 compiled with ``HarnessLoss(recipe.loss)`` and fit on ``keras_input``'s batches of 32, with
 and without ``NanSentinel`` in turns, round by round, each step timed by
-``zoo_tools.StepCounter`` (its batch's start to its end, every callback's work included).
+``zoo.tools.StepCounter`` (its batch's start to its end, every callback's work included).
 
 Each setup is measured in a fresh Python process that returns JSON: ``MirroredStrategy``
 needs 2 logical CPU devices, which TensorFlow configures only before it starts, the mixed
@@ -363,7 +363,7 @@ def test_sentinel_in_fit_per_setup():
         "(the first traces the train function, built afresh for every fit as for a first "
         "one; under XLA each batch shape compiles); a "
         f"round's figure is the median of its other {timed} steps, each timed by "
-        "`zoo_tools.StepCounter` from its batch's start to its end (the sentinel's callback "
+        "`zoo.tools.StepCounter` from its batch's start to its end (the sentinel's callback "
         "included). In a round the ways fit in turns (the order reversed every other round). "
         "*paired ratio* is the median over rounds of the way's figure over the same round's "
         "fit without the sentinel, *paired added ms* the median of their difference; "

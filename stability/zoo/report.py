@@ -16,7 +16,7 @@ from stability.report.verdicts import NOT_APPLICABLE
 from stability.zoo.run import ZooEntry
 
 #: The tools people use today, and the harness's own callback for ``fit``, by the prefix of
-#: their columns in ``zoo.csv`` (``zoo_tools.TOOLS``).
+#: their columns in ``zoo.csv`` (``stability.zoo.tools.TOOLS``).
 TOOL_NAMES = {
     "terminate_on_nan": "Keras TerminateOnNaN",
     "check_numerics": "tf.debugging.enable_check_numerics",

@@ -1,11 +1,13 @@
 """The zoo run: every bug of ``stability/zoo/bugs`` through the harness and the doctor, and
-through the tools people use today (``zoo_tools``), for ``python -m stability zoo``.
+through the tools people use today (``stability.zoo.tools``), for ``python -m stability zoo``.
 
 A bug is a case file there, ``<name>.toml``, whose plugin module defines the bug's variant,
-its data where it needs its own, and ``BUG``, its ground truth (``zoo_bug.ZooBug``). The
-harness's run of a bug is the doctor's original run; every bug's runs train in one sweep
-(all originals, then all remedies), so ``--workers`` stay busy across bugs. Each bug's
-runs go to ``<out>/zoo/<name>.doctor/`` as ordinary stores, so ``--resume`` works.
+its data where it needs its own, and ``BUG``, its ground truth (``stability.zoo.bug``). The
+harness's run of a bug is the doctor's original run. The doctor is given, not imported (a
+feature never imports another): the command line passes ``doctor_many``, which trains every
+bug's runs in one sweep (all originals, then all remedies), so ``--workers`` stay busy
+across bugs. Each bug's runs go to ``<out>/zoo/<name>.doctor/`` as ordinary stores, so
+``--resume`` works.
 """
 
 from __future__ import annotations
