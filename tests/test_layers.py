@@ -6,6 +6,7 @@ the source, including imports inside functions, which a runtime check would miss
 """
 
 import ast
+import functools
 from pathlib import Path
 
 import pytest
@@ -189,3 +190,46 @@ def test_the_rule_can_fail(graph, kind):
         ]
     else:
         assert cycles(graph) == [["stability.data.a", "stability.data.b", "stability.data.a"]]
+
+
+@functools.cache
+def _top_level_names(path: Path) -> tuple[set[str], set[str]]:
+    """(names ``path`` defines, names it imports), at module level."""
+    defined, imported = set(), set()
+    for node in ast.parse(path.read_text(encoding="utf-8")).body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            defined.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            defined |= {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+        elif isinstance(node, ast.ImportFrom):
+            imported |= {a.asname or a.name for a in node.names}
+    return defined, imported
+
+
+def forwarded_imports(files: list[Path]) -> list[str]:
+    """``from stability.m import name`` where module ``m`` does not define ``name`` but only
+    imports it: a second import path for one name. A package's ``__init__`` (its public
+    surface) and a deprecated shim may forward; nothing may import through another module."""
+    found = []
+    for path in files:
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not (isinstance(node, ast.ImportFrom) and node.level == 0 and node.module):
+                continue
+            source = PACKAGE.parent / node.module.replace(".", "/")
+            if not source.with_suffix(".py").exists() or node.module in SHIMS:
+                continue
+            defined, imported = _top_level_names(source.with_suffix(".py"))
+            found += [
+                f"{path.name}: {node.module}.{a.name}"
+                for a in node.names
+                if a.name in imported - defined
+                and not (source / a.name).with_suffix(".py").exists()
+            ]
+    return found
+
+
+def test_one_import_path_for_each_name():
+    tests = Path(__file__).parent
+    files = [*PACKAGE.rglob("*.py"), *tests.rglob("*.py"), *tests.parent.glob("benchmarks/*.py")]
+    assert forwarded_imports(files) == []

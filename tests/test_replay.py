@@ -7,9 +7,10 @@ import tensorflow as tf
 from test_sentinel import nan_gradient, overflowing_loss
 
 from stability import BuildContext
-from stability.model.variants import Recipe, Variant, create_recipe
+from stability.model.recipe import Recipe, Variant
+from stability.model.variants import create_recipe
 from stability.train.config import TrainConfig
-from stability.train.replay import site_from_error
+from stability.train.failing_op import site_from_error
 from stability.train.trainer import Trainer
 
 # The planted magnitudes (logits of 240, log sigma of -100) are float32's limits; each

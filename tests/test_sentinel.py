@@ -9,7 +9,8 @@ import tensorflow as tf
 
 from stability import BuildContext
 from stability.model.losses import robust_loss
-from stability.model.variants import Variant, create_recipe
+from stability.model.recipe import Variant
+from stability.model.variants import create_recipe
 from stability.train import guard
 from stability.train.checks import nonfinite_weights
 from stability.train.config import TrainConfig

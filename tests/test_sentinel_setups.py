@@ -70,7 +70,7 @@ from stability import BuildContext, NanSentinel, Recipe, TrainConfig, Trainer
 from stability.compat.tf_private import disable_op_determinism, op_determinism_enabled
 from stability.data import Dataset
 from stability.data.graphs import Graph, batch_graphs
-from stability.model.variants import Variant
+from stability.model.recipe import Variant
 from stability.train.config import seed_everything
 from stability.train.keras_input import keras_input
 from stability.train.step import input_signature

@@ -37,7 +37,7 @@ from stability.core.failures import Cause
 from stability.core.limits import exp_limits
 from stability.core.results import EpochRecord, RunResult
 from stability.data.graphs import Graph, batch_graphs
-from stability.model.variants import Recipe
+from stability.model.recipe import Recipe
 from stability.train.config import storage_dtype
 from stability.train.forward import forward
 

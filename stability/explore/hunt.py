@@ -44,7 +44,8 @@ from stability.explore.headroom import (
     run_margin,
 )
 from stability.explore.hunt_space import HuntSpace, graph_statistics
-from stability.model.variants import Recipe, get_variant
+from stability.model.recipe import Recipe
+from stability.model.variants import get_variant
 from stability.sweep.cases import Case
 from stability.sweep.runner import build_variants, run_configs
 from stability.train.config import TrainConfig, storage_dtype

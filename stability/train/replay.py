@@ -34,26 +34,8 @@ from stability.train.site import (
     NanSite,
     OpEvidence,
     evidence_from,
-    what_happened,
 )
 from stability.train.tape import TRANSFORM_SCOPE, differentiate, transform_name
-
-__all__ = [  # the names other modules import from here
-    "LOSS_SCOPE",
-    "XLA_ONLY",
-    "NanSite",
-    "OpEvidence",
-    "evidence_from",
-    "first_check_error",
-    "loss_pair",
-    "one_off_traces",
-    "probe_op",
-    "replay_forward",
-    "replay_step",
-    "site_from_error",
-    "what_happened",
-    "xla_gradient_site",
-]
 
 
 def replay_step(

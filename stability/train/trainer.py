@@ -24,7 +24,7 @@ from stability.data import Dataset
 from stability.data.graphs import Graph, GraphBatch, batch_graphs, graph_label
 from stability.data.padding import Budget, budget_for, pad_batch
 from stability.data.prefetch import prefetched
-from stability.model.variants import BuildContext, Recipe, Variant
+from stability.model.recipe import BuildContext, Recipe, Variant
 from stability.train.config import (
     TrainConfig,
     seed_everything,
