@@ -151,18 +151,12 @@ def timing_phrase(s: Stats, reference: Stats, rules: Rules, name: str = "raw_e")
 
 
 def mechanism(raw: Stats) -> str | None:
-    """ "overflow", "underflow" or None (another cause, or a mix), by the C11b rule."""
-    if raw.causes:
-        if raw.causes == (Cause.FORWARD_OVERFLOW.value,):
-            return "overflow"
-        if raw.causes == (Cause.FORWARD_UNDERFLOW.value,):
-            return "underflow"
-        return None
-    if not raw.ops or raw.wheres != ("forward",):
-        return None
-    if all("softmax_exp" in op for op in raw.ops):
+    """ "overflow", "underflow" or None (another cause, or a mix), by the *mechanism* rule:
+    read off the failing runs' causes (``core.failures.read_cause``, which reads a row older
+    than the cause column by its op)."""
+    if raw.causes == (Cause.FORWARD_OVERFLOW.value,):
         return "overflow"
-    if all("softmax_div" in op for op in raw.ops):
+    if raw.causes == (Cause.FORWARD_UNDERFLOW.value,):
         return "underflow"
     return None
 
