@@ -11,9 +11,27 @@ import math
 
 import pandas as pd
 
-from stability.claims.rules import Rules, avoids, best_avoider, mechanism, timing_phrase
+from stability.claims.rules import (
+    MECHANISM_WORDS,
+    Rules,
+    avoids,
+    best_avoider,
+    mechanism,
+    timing_phrase,
+)
 from stability.claims.stats import ClaimInputs, SeedReading, seed_reading
-from stability.claims.table import BY_ID, NOT_REPRODUCED, NOT_RUN, REPRODUCED, Verdict
+from stability.claims.table import (
+    BY_ID,
+    LARGER_BATCH,
+    LOWER_RATE,
+    MECHANISM,
+    NOT_REPRODUCED,
+    NOT_RUN,
+    REPRODUCED,
+    WHERE,
+    Verdict,
+    by_role,
+)
 from stability.report.summary import settings
 
 
@@ -46,7 +64,7 @@ def claims_markdown(
         "and the rows (`stability/claims/report.py`). The seed's words are quoted "
         "verbatim; the *tested* column is the harness's reading of each.",
         "## Rules",
-        rules.text(),
+        rules.text(by_role(WHERE).id, by_role(MECHANISM).id),
         f"## Verdicts ({tally})",
         table.to_markdown(index=False),
         "## What this means",
@@ -95,17 +113,12 @@ def _where(raw, by_id: dict[str, Verdict]) -> str:
         return "raw_e never hit a NaN, so where and how it fails is not known here."
     where = ", ".join(raw.wheres)
     ops = ", ".join(raw.ops) or "no named op"
-    found = mechanism(raw)
-    how = {
-        "overflow": "exp overflowed to inf",
-        "underflow": "every exp into a node flushed to 0 and the division computed 0/0",
-        None: "the mechanism is neither the softmax's exp nor its division",
-    }[found]
-    forward = by_id["C11a"].verdict == REPRODUCED
+    forward, how = (by_id[by_role(role).id] for role in (WHERE, MECHANISM))
     return (
         f"The first non-finite value of raw_e arose in the {where} stage at {ops}"
-        + (", in the forward softmax and not in the gradients" if forward else "")
-        + f" (C11a {by_id['C11a'].verdict}); there {how} (C11b {by_id['C11b'].verdict})."
+        + (by_role(WHERE).summary if forward.verdict == REPRODUCED else "")
+        + f" ({forward.id} {forward.verdict}); there {MECHANISM_WORDS[mechanism(raw)]} "
+        f"({how.id} {how.verdict})."
     )
 
 
@@ -116,8 +129,8 @@ def _remedies(stats: dict, raw, rules: Rules, by_id: dict[str, Verdict]) -> str:
     if clip is not None:
         outcome = "avoided the NaN" if avoids(clip, raw, rules) else "did not avoid the NaN"
         parts.append(f"gradient clipping (grad_clip) {outcome}: {timing_phrase(clip, raw, rules)}")
-    for claim, what in (("C8b", "a lower learning rate"), ("C2b", "a larger batch")):
-        verdict = by_id[claim]
+    for claim in (by_role(LOWER_RATE), by_role(LARGER_BATCH)):
+        verdict = by_id[claim.id]
         if verdict.verdict == NOT_RUN:
             continue
         avoided = verdict.verdict == NOT_REPRODUCED
@@ -126,10 +139,10 @@ def _remedies(stats: dict, raw, rules: Rules, by_id: dict[str, Verdict]) -> str:
             if avoided
             else "did not avoid the NaN in any setting tried"
         )
-        parts.append(f"{what} {outcome} ({claim} {verdict.verdict})")
+        parts.append(f"{claim.summary} {outcome} ({claim.id} {verdict.verdict})")
     if not parts:
         return ""
-    forward = by_id["C11a"].verdict == REPRODUCED
+    forward = by_id[by_role(WHERE).id].verdict == REPRODUCED
     lead = (
         "Since the NaN starts in the forward pass, the optimizer-side remedies can change when "
         "it comes, not where: "

@@ -19,11 +19,14 @@ CLAIM_CASES = ("seed", "batch_size", "learning_rate")
 
 
 def add_claims_parser(sub: argparse._SubParsersAction) -> None:
+    from stability.claims.table import ID_RANGE
+
     claims = sub.add_parser(
         "claims",
         help="the main job: run the claim cases, write their reports and reports/claims.md",
         description="Run cases/seed.toml, cases/batch_size.toml and cases/learning_rate.toml, "
-        "write each case's reports, then judge the seed's claims C1-C11 into <out>/claims.md.",
+        "write each case's reports, then judge the seed's claims "
+        f"{ID_RANGE} into <out>/claims.md.",
     )
     claims.add_argument(
         "--cases",
