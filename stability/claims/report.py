@@ -1,4 +1,5 @@
-"""``reports/claims.md``: the rules, one row per claim, and a summary built from the verdicts.
+"""``reports/claims.md``: the rules, one row per claim, and a summary built from the verdicts;
+``write_claims`` judges the claim cases' CSVs and writes it (the ``claims`` command's logic).
 
 Every sentence here is assembled from the verdicts and the rows: a different outcome gives
 different words. The seed's words stand in quotes, verbatim; the harness's reading of each
@@ -8,9 +9,14 @@ claim is in its own column.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pandas as pd
 
+from stability.claims.float64 import CASE as FLOAT64_CASE
+from stability.claims.float64 import float64_section
 from stability.claims.rules import (
     MECHANISM_WORDS,
     Rules,
@@ -19,7 +25,7 @@ from stability.claims.rules import (
     mechanism,
     timing_phrase,
 )
-from stability.claims.stats import ClaimInputs, SeedReading, seed_reading
+from stability.claims.stats import CLAIM_CASES, ClaimInputs, SeedReading, seed_reading
 from stability.claims.table import (
     BY_ID,
     LARGER_BATCH,
@@ -31,8 +37,52 @@ from stability.claims.table import (
     WHERE,
     Verdict,
     by_role,
+    judge,
 )
+from stability.core.files import atomic_write_text
 from stability.report.summary import settings
+from stability.report.writer import read_history, read_results
+
+if TYPE_CHECKING:
+    from stability.sweep.cases import Case
+
+
+def write_claims(out: Path, cases: Sequence[Case], rules: Rules | None = None) -> Path:
+    """Judge the claims from the CSVs in ``out`` of ``cases`` (the claim cases, in the order
+    of ``CLAIM_CASES``; a case without a CSV is *not run*) and write ``out/claims.md``, with
+    the float64 and molecules sections where their CSVs are in ``out``. Returns its path."""
+    from stability.sweep.runner import case_datasets
+
+    names = tuple(case.name for case in cases)
+    if names != CLAIM_CASES:
+        raise ValueError(f"the claim cases are {', '.join(CLAIM_CASES)}, not {', '.join(names)}")
+    frames = {case.name: _results(out / f"{case.name}.csv") for case in cases}
+    seed = cases[0]
+    inputs = ClaimInputs(
+        **frames,
+        train_graphs=len(case_datasets(seed)[0].train),
+        seed_batch_size=seed.batch_sizes[0],
+        seed_learning_rate=seed.learning_rates[0],
+    )
+    rules = rules or Rules()
+    verdicts = judge(inputs, rules)
+    molecules = molecules_section(_results(out / "g2_molecules.csv"))
+    float64 = float64_section(
+        _results(out / f"{FLOAT64_CASE}.csv"),
+        read_history(out / f"{FLOAT64_CASE}.history.csv"),
+        verdicts,
+        inputs,
+        rules,
+    )
+    path = out / "claims.md"
+    text = claims_markdown(verdicts, rules, summary(verdicts, inputs, rules), molecules, float64)
+    atomic_write_text(path, text)
+    return path
+
+
+def _results(path: Path) -> pd.DataFrame | None:
+    """A case's rows, None where its CSV is absent."""
+    return read_results(path) if path.exists() else None
 
 
 def claims_markdown(

@@ -4,10 +4,9 @@ Each ``Claim`` of ``CLAIM_TABLE`` is declared once: its id, the seed's words, wh
 harness tests, what its rule reads (``Reads``: a case, a variant, the seed's setting or the
 setting the case varies), its rule (``claims.rules``), and where the rest of ``claims.md``
 reads it, its role (``by_role``) and its words in the summary: no other module writes a
-claim's id. ``judge`` computes every verdict
-from the rows of the claim cases (``cases/seed.toml``, ``cases/batch_size.toml``,
-``cases/learning_rate.toml``); the verdict comes with the numbers it was computed from.
-Nothing here knows an expected answer.
+claim's id. ``judge`` computes every verdict from the rows of the claim cases
+(``cases/seed.toml``, ``cases/batch_size.toml``, ``cases/learning_rate.toml``); the verdict
+comes with the numbers it was computed from. Nothing here knows an expected answer.
 """
 
 from __future__ import annotations
