@@ -8,6 +8,8 @@ import pandas as pd
 import pytest
 
 from stability.claims.report import summary
+from stability.claims.rules import Rules, avoids, delays, hits, worse_mae
+from stability.claims.stats import ClaimInputs, setting_stats
 from stability.claims.table import (
     CLAIM_TABLE,
     CLAIMS,
@@ -15,14 +17,7 @@ from stability.claims.table import (
     NOT_RUN,
     REPRODUCED,
     SEED_CLAIMS,
-    ClaimInputs,
-    Rules,
-    avoids,
-    delays,
-    hits,
     judge,
-    setting_stats,
-    worse_mae,
 )
 
 RULES = Rules()

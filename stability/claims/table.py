@@ -16,66 +16,17 @@ from string import ascii_lowercase
 
 from stability.claims import rules as rule
 from stability.claims.rules import (
-    FORWARD_CAUSES,
-    STATED_EPOCHS,
     Rule,
     Rules,
-    avoids,
-    best_avoider,
-    delays,
-    hits,
-    mechanism,
-    timing_phrase,
-    worse_mae,
 )
 from stability.claims.stats import (
     REFERENCE,
     ClaimInputs,
     SeedReading,
-    Stats,
     SweepReading,
     seed_reading,
-    setting_stats,
     sweep_reading,
 )
-
-#: With the names this module held before the rules and stats moved out, which callers import.
-__all__ = [
-    "BY_ID",
-    "CLAIMS",
-    "CLAIM_TABLE",
-    "FORWARD_CAUSES",
-    "ID_RANGE",
-    "LARGER_BATCH",
-    "LOWER_RATE",
-    "MECHANISM",
-    "NOT_REPRODUCED",
-    "NOT_RUN",
-    "REFERENCE",
-    "REPRODUCED",
-    "ROLES",
-    "SEED_CLAIMS",
-    "STATED_EPOCHS",
-    "TESTS",
-    "WHERE",
-    "Claim",
-    "ClaimInputs",
-    "Reads",
-    "Rules",
-    "Stats",
-    "Verdict",
-    "avoids",
-    "best_avoider",
-    "by_role",
-    "delays",
-    "family",
-    "hits",
-    "judge",
-    "mechanism",
-    "setting_stats",
-    "timing_phrase",
-    "worse_mae",
-]
 
 REPRODUCED, NOT_REPRODUCED, NOT_RUN = "reproduced", "not reproduced", "not run"
 
