@@ -40,11 +40,11 @@ def add_zoo_parser(sub: argparse._SubParsersAction) -> None:
 
 def zoo_command(args: argparse.Namespace) -> int:
     from stability.doctor.run import doctor_many
-    from stability.zoo.report import write_zoo_report
-    from stability.zoo.run import run_zoo
+    from stability.zoo.report import write_zoo_report, zoo_command_line
+    from stability.zoo.run import bug_names, run_zoo
 
     check_writable(args.out)
-    names = [n.strip() for n in (args.bugs or "").split(",") if n.strip()]
+    names = bug_names(args.bugs)
     say = lambda text: print(f"zoo: {text}", file=sys.stderr)  # noqa: E731
     progress = show_progress(args)
     # The zoo scores the doctor without importing it: the two features meet here.
@@ -66,7 +66,6 @@ def zoo_command(args: argparse.Namespace) -> int:
         overwrite=args.overwrite,
         on_stage=say,
     )
-    shown = "python -m stability zoo" + (f" --bugs {','.join(names)}" if names else "")
-    csv_path, md_path = write_zoo_report(entries, args.out, shown)
+    csv_path, md_path = write_zoo_report(entries, args.out, zoo_command_line(names))
     print(f"wrote {md_path} and {csv_path}")
     return 0
