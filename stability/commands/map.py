@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from stability.commands.flags import add_run_flags, check_writable, show_progress
+from stability.commands.flags import add_run_flags, check_writable, run_options
 from stability.commands.run import cluster_of
 
 
@@ -39,11 +39,8 @@ def map_command(args: argparse.Namespace) -> int:
             path = map_and_report(
                 m,
                 args.out,
-                progress=show_progress(args),
-                resume=args.resume,
-                overwrite=args.overwrite,
-                workers=args.workers,
                 cluster=cluster,
+                **run_options(args),
             )
             print(f"wrote {args.out / (m.name + '.csv')} and {path}")
     finally:

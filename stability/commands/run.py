@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from stability.commands.flags import add_run_flags, check_writable, show_progress
+from stability.commands.flags import add_run_flags, check_writable, run_options
 from stability.core.errors import StabilityError
 from stability.report.description import report_description
 
@@ -76,11 +76,8 @@ def run_cases(cases: Sequence[Case], args: argparse.Namespace) -> None:
             run_case(
                 case,
                 args.out,
-                progress=show_progress(args),
-                resume=args.resume,
-                overwrite=args.overwrite,
-                workers=args.workers,
                 cluster=cluster,
+                **run_options(args),
             )
             # The markdown follows the whole CSV: resumed runs and other processes' runs too.
             with folder_lock(args.out):

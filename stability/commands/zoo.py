@@ -8,7 +8,7 @@ import sys
 from functools import partial
 from pathlib import Path
 
-from stability.commands.flags import add_progress_flag, check_writable, positive_int, show_progress
+from stability.commands.flags import add_progress_flag, check_writable, positive_int, run_options
 
 
 def add_zoo_parser(sub: argparse._SubParsersAction) -> None:
@@ -46,26 +46,9 @@ def zoo_command(args: argparse.Namespace) -> int:
     check_writable(args.out)
     names = bug_names(args.bugs)
     say = lambda text: print(f"zoo: {text}", file=sys.stderr)  # noqa: E731
-    progress = show_progress(args)
     # The zoo scores the doctor without importing it: the two features meet here.
-    doctor = partial(
-        doctor_many,
-        progress=progress,
-        resume=args.resume,
-        overwrite=args.overwrite,
-        workers=args.workers,
-        on_stage=say,
-    )
-    entries = run_zoo(
-        args.out / "zoo",
-        doctor,
-        names=names,
-        workers=args.workers,
-        progress=progress,
-        resume=args.resume,
-        overwrite=args.overwrite,
-        on_stage=say,
-    )
+    doctor = partial(doctor_many, **run_options(args), on_stage=say)
+    entries = run_zoo(args.out / "zoo", doctor, names=names, **run_options(args), on_stage=say)
     csv_path, md_path = write_zoo_report(entries, args.out, zoo_command_line(names))
     print(f"wrote {md_path} and {csv_path}")
     return 0
