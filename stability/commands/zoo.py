@@ -8,7 +8,7 @@ import sys
 from functools import partial
 from pathlib import Path
 
-from stability.commands.flags import add_progress_flag, check_writable, positive_int, show_progress
+from stability.commands.flags import add_progress_flag, check_writable, positive_int, run_options
 
 
 def add_zoo_parser(sub: argparse._SubParsersAction) -> None:
@@ -40,33 +40,15 @@ def add_zoo_parser(sub: argparse._SubParsersAction) -> None:
 
 def zoo_command(args: argparse.Namespace) -> int:
     from stability.doctor.run import doctor_many
-    from stability.zoo.report import write_zoo_report
-    from stability.zoo.run import run_zoo
+    from stability.zoo.report import write_zoo_report, zoo_command_line
+    from stability.zoo.run import bug_names, run_zoo
 
     check_writable(args.out)
-    names = [n.strip() for n in (args.bugs or "").split(",") if n.strip()]
+    names = bug_names(args.bugs)
     say = lambda text: print(f"zoo: {text}", file=sys.stderr)  # noqa: E731
-    progress = show_progress(args)
     # The zoo scores the doctor without importing it: the two features meet here.
-    doctor = partial(
-        doctor_many,
-        progress=progress,
-        resume=args.resume,
-        overwrite=args.overwrite,
-        workers=args.workers,
-        on_stage=say,
-    )
-    entries = run_zoo(
-        args.out / "zoo",
-        doctor,
-        names=names,
-        workers=args.workers,
-        progress=progress,
-        resume=args.resume,
-        overwrite=args.overwrite,
-        on_stage=say,
-    )
-    shown = "python -m stability zoo" + (f" --bugs {','.join(names)}" if names else "")
-    csv_path, md_path = write_zoo_report(entries, args.out, shown)
+    doctor = partial(doctor_many, **run_options(args), on_stage=say)
+    entries = run_zoo(args.out / "zoo", doctor, names=names, **run_options(args), on_stage=say)
+    csv_path, md_path = write_zoo_report(entries, args.out, zoo_command_line(names))
     print(f"wrote {md_path} and {csv_path}")
     return 0

@@ -145,6 +145,11 @@ def sentinel_agrees(row: dict[str, str]) -> bool:
     )
 
 
+def zoo_command_line(names: Sequence[str] = ()) -> str:
+    """The command that ran these bugs, as the scoreboard shows it."""
+    return "python -m stability zoo" + (f" --bugs {','.join(names)}" if names else "")
+
+
 def write_zoo_report(entries: Sequence[ZooEntry], out: Path, command: str) -> tuple[Path, Path]:
     """Write ``zoo.csv`` and ``zoo.md`` into ``out``, atomically."""
     rows = [zoo_row(entry) for entry in entries]

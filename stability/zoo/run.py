@@ -51,6 +51,11 @@ def bug_files(folder: Path = BUGS) -> list[Path]:
     return sorted(folder.glob("*.toml"))
 
 
+def bug_names(text: str | None) -> list[str]:
+    """``--bugs a,b`` as a list of names; none given, all bugs."""
+    return [n.strip() for n in (text or "").split(",") if n.strip()]
+
+
 def load_bug(path: Path) -> ZooEntry:
     """A bug's case (its plugin imported) and its ``BUG``, checked against the case."""
     case = load_case(path)
