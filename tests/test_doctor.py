@@ -22,7 +22,14 @@ from stability.data import Dataset, load_dataset, register_dataset
 from stability.data.edge_transform import transform_edges
 from stability.data.graphs import Graph
 from stability.data.self_loops import with_self_loops
-from stability.doctor.remedies import DIVERGENCE, HEADROOM, REMEDIES, SYMPTOMS, case_for, get_remedy
+from stability.doctor.remedies import (
+    DIVERGENCE,
+    HEADROOM,
+    SYMPTOMS,
+    case_for,
+    get_remedy,
+    list_remedies,
+)
 from stability.doctor.report import DOCTOR_FIELDS, doctor_markdown, doctor_rows
 from stability.doctor.run import (
     ORIGINAL,
@@ -188,7 +195,7 @@ def test_the_budget_is_three_times_the_latest_failure_or_the_case_s():
 
 @pytest.mark.parametrize("symptom", SYMPTOMS)
 def test_every_remedy_has_a_reason_for_every_symptom(symptom):
-    for remedy in REMEDIES:
+    for remedy in list_remedies():
         reason = remedy.reason(symptom)
         assert reason.strip(), (remedy.name, symptom)
         assert reason == (remedy.helps[symptom] if remedy.expected(symptom) else remedy.cannot)
@@ -719,7 +726,7 @@ def test_the_exit_code_follows_the_doctor_csv_and_clipping_does_not_fix_the_over
         "final_mae",
     }
     by_remedy = {r["remedy"]: r for r in rows}
-    assert set(by_remedy) == {r.name for r in REMEDIES}
+    assert set(by_remedy) == {r.name for r in list_remedies()}
     fixed = any(r["verdict"] == FIXES for r in rows)
     assert done.returncode == (0 if fixed else 1), done.stderr
     # Issue 28: gradient clipping does not fix a forward overflow.
