@@ -242,29 +242,31 @@ def _no_edge_transform(target: Target) -> str | None:
     return None
 
 
+_EDGE_LEFT = "a failure that does not start from the distances' scale is left as it was"
+#: What the two edge remedies share: the case key, the symptoms and why, the predicate.
+_EDGES = {
+    "key": "edge_transform",
+    "family": "data",
+    "helps": dict.fromkeys(_FORWARD_SYMPTOMS, _EDGE_HELP),
+    "applies": _no_edge_transform,
+}
+
+
 @case_remedy(
-    key="edge_transform",
-    family="data",
+    **_EDGES,
     label="edge distances standardized with the training set's mean and std",
     code="e = (e - mean) / std with the training set's mean and std, before the model",
-    helps=dict.fromkeys(_FORWARD_SYMPTOMS, _EDGE_HELP),
-    cannot="it rescales one input; a failure that does not start from the distances' "
-    "scale is left as it was",
-    applies=_no_edge_transform,
+    cannot=f"it rescales one input; {_EDGE_LEFT}",
 )
 def standardized_e(case: CaseLike) -> str:
     return "standardized"
 
 
 @case_remedy(
-    key="edge_transform",
-    family="data",
+    **_EDGES,
     label="edge distances squashed by a sigmoid",
     code="e = sigmoid(e) before the model",
-    helps=dict.fromkeys(_FORWARD_SYMPTOMS, _EDGE_HELP),
-    cannot="it bounds one input; a failure that does not start from the distances' "
-    "scale is left as it was",
-    applies=_no_edge_transform,
+    cannot=f"it bounds one input; {_EDGE_LEFT}",
 )
 def squashed_e(case: CaseLike) -> str:
     return "squashed"

@@ -148,64 +148,20 @@ def _register(fn: Callable[..., Any], **fields: Any) -> Callable[..., Any]:
     return fn
 
 
-def model_remedy(
-    *,
-    family: str,
-    label: str,
-    description: str,
-    code: str,
-    helps: Mapping[str, str],
-    cannot: str,
-    takes_layer: bool = False,
-    applies: Applies | None = None,
-) -> Callable[[RecipeChange], RecipeChange]:
+def model_remedy(*, takes_layer: bool = False, **fields: Any) -> Callable[..., Any]:
     """Decorator: register ``fn(recipe, ctx, layer) -> recipe`` as the model remedy of its
-    name (``description``: the remedied variant's, after its base variant's)."""
-
-    def decorate(fn: RecipeChange) -> RecipeChange:
-        return _register(
-            fn,
-            family=family,
-            label=label,
-            code=code,
-            helps=helps,
-            cannot=cannot,
-            model=fn,
-            description=description,
-            takes_layer=takes_layer,
-            applies=applies,
-        )
-
-    return decorate
+    name, with ``Remedy``'s fields ``family``, ``label``, ``description`` (the remedied
+    variant's, after its base variant's), ``code``, ``helps``, ``cannot`` and, where it
+    does not always apply, ``applies``; ``takes_layer`` for one that acts in the failing
+    layer (``@layer``)."""
+    return lambda fn: _register(fn, model=fn, takes_layer=takes_layer, **fields)
 
 
-def case_remedy(
-    *,
-    key: str,
-    family: str,
-    label: str,
-    code: str,
-    helps: Mapping[str, str],
-    cannot: str,
-    applies: Applies | None = None,
-) -> Callable[[Callable[[CaseLike], Any]], Callable[[CaseLike], Any]]:
+def case_remedy(*, key: str, **fields: Any) -> Callable[..., Any]:
     """Decorator: register ``fn(case) -> value`` as the remedy of its name that sets the
-    case key ``key`` to that value."""
-
-    def decorate(fn: Callable[[CaseLike], Any]) -> Callable[[CaseLike], Any]:
-        return _register(
-            fn,
-            family=family,
-            label=label,
-            code=code,
-            helps=helps,
-            cannot=cannot,
-            key=key,
-            value=fn,
-            applies=applies,
-        )
-
-    return decorate
+    case key ``key`` to that value, with ``Remedy``'s fields ``family``, ``label``,
+    ``code``, ``helps``, ``cannot`` and, where it does not always apply, ``applies``."""
+    return lambda fn: _register(fn, key=key, value=fn, **fields)
 
 
 def get_remedy(name: str) -> Remedy:
