@@ -457,6 +457,7 @@ def test_a_user_model_without_the_layer_hook_cannot_take_the_softmax_remedies(
     ("name", "message"),
     [
         ("raw_e+nope", "unknown model remedy 'nope'"),
+        ("raw_e+lower_lr", "unknown model remedy 'lower_lr'"),  # a case remedy
         ("raw_e+clip+clip", "one remedy"),
         ("raw_e+clip@x", "takes no @layer"),
         ("+clip", "VARIANT+REMEDY"),
@@ -477,6 +478,36 @@ def test_a_registered_name_cannot_hold_the_remedy_mark(isolated_registries):
         register_variant(builder, name="mine+clip")
     with pytest.raises(StabilityError, match="unknown variant 'mine'"):
         get_variant("mine+clip")
+
+
+def test_a_remedy_is_one_decorated_function(isolated_registries):
+    """A remedy registered in one place is in the doctor's table, with its own predicate's
+    reason when it does not apply, and its case key in the command that reruns it."""
+    from stability.doctor.remedies import command
+    from stability.doctor.report import remedy_table
+    from stability.doctor.run import _check_applies
+    from stability.model.remedy import case_remedy
+
+    @case_remedy(
+        key="hidden",
+        family="model",
+        label="a wider model",
+        code="hidden * 2",
+        helps={DIVERGENCE: "more room"},
+        cannot="width is not range",
+        applies=lambda target: "too wide" if target.before.hidden > 32 else None,
+    )
+    def wider(case):
+        return case.hidden * 2
+
+    assert list_remedies()[-1] is get_remedy("wider")
+    assert "| `wider` | model | a wider model; in code: hidden * 2 |" in remedy_table()
+    remedied = case_for(get_remedy("wider"), PLANTED, "raw_e", None, "planted__wider")
+    assert remedied.hidden == 2 * PLANTED.hidden
+    assert f"--set 'hidden={remedied.hidden}'" in command("c.toml", remedied, PLANTED)
+    wide = replace(PLANTED, hidden=64)
+    with pytest.raises(RemedyError, match="too wide"):
+        _check_applies(get_remedy("wider"), wide, replace(wide, hidden=128))
 
 
 # --- data remedies ------------------------------------------------------------------------
