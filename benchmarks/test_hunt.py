@@ -3,7 +3,7 @@
 On ``cases/hunt.toml`` (edge distances in [0.5, 64], where the map sees its variants fail
 only on distances clustered near the top), for every variant and seed of the case:
 
-- the directed hunt (``stability.sweep.hunt``, strategy ``directed``), from the case's data;
+- the directed hunt (``stability.explore.hunt``, strategy ``directed``), from the case's data;
 - Hypothesis' plain generation of the same space (strategy ``plain``): a new data set per
   training, drawn by ``strategies.graphs`` over the same bounds and structure.
 
@@ -17,8 +17,8 @@ from pathlib import Path
 
 from conftest import MEASURED, NOTES, check_goal
 
+from stability.explore.hunt import hunt
 from stability.sweep.cases import load_case
-from stability.sweep.hunt import hunt
 
 SECTION = "The hunt: trainings to the first failure, directed against plain generation"
 CASE = Path(__file__).parent.parent / "cases" / "hunt.toml"

@@ -19,7 +19,8 @@ from conftest import NOTES, check_goal, record_samples
 
 from stability.data import load_dataset
 from stability.model.variants import get_variant
-from stability.train.trainer import TrainConfig, Trainer
+from stability.train.config import TrainConfig
+from stability.train.trainer import Trainer
 
 SECTION = "Twenty runs in one process: time and memory per run"
 #: The test suite's tiny data set (tests/conftest.py).

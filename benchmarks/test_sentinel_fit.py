@@ -1,10 +1,10 @@
 """NanSentinel's cost per healthy step of ``model.fit``, in each setup fit trains in (issue 43).
 
-The harness's own model as ``stability.sweep.zoo_tools`` fits it: the recipe of
+The harness's own model as ``stability.zoo.tools`` fits it: the recipe of
 ``Trainer.build`` (``stable_softmax``, hidden 32, the synthetic data set of 400 graphs),
 compiled with ``HarnessLoss(recipe.loss)`` and fit on ``keras_input``'s batches of 32, with
 and without ``NanSentinel`` in turns, round by round, each step timed by
-``zoo_tools.StepCounter`` (its batch's start to its end, every callback's work included).
+``zoo.tools.StepCounter`` (its batch's start to its end, every callback's work included).
 
 Each setup is measured in a fresh Python process that returns JSON: ``MirroredStrategy``
 needs 2 logical CPU devices, which TensorFlow configures only before it starts, the mixed
@@ -116,7 +116,7 @@ def _fit_once(model: Any, batches: Any, steps: int, way: str) -> list[float]:
     import math
 
     from stability import NanSentinel
-    from stability.sweep.zoo_tools import StepCounter
+    from stability.zoo.tools import StepCounter
 
     counter = StepCounter()
     callbacks = [counter.start]
@@ -160,8 +160,8 @@ def _compiled(setup: str) -> tuple[Any, Any]:
     from stability import TrainConfig, Trainer
     from stability.data import load_dataset
     from stability.model.variants import get_variant
-    from stability.sweep.zoo_tools import HarnessLoss
     from stability.train.keras_input import keras_input
+    from stability.zoo.tools import HarnessLoss
 
     data = load_dataset("synthetic", num_graphs=400, seed=0)
     dtype = "mixed_float16" if setup == "mixed_float16" else "float32"
@@ -194,7 +194,7 @@ def _compiled(setup: str) -> tuple[Any, Any]:
         # Keras compiles with XLA only without op determinism, which the build turned on
         # ("not all ops are supported by XLA with determinism enabled"); TensorFlow has no
         # public switch to turn it off (the house keeps the private one in tf_private).
-        from stability.train.tf_private import disable_op_determinism
+        from stability.compat.tf_private import disable_op_determinism
 
         disable_op_determinism()
     recipe.model.compile(
@@ -251,7 +251,7 @@ def _first(data: Any, count: int) -> tuple[dict, Any]:
 
 
 def _op_determinism() -> bool:
-    from stability.train.tf_private import op_determinism_enabled
+    from stability.compat.tf_private import op_determinism_enabled
 
     return op_determinism_enabled()
 
@@ -349,7 +349,7 @@ def test_sentinel_in_fit_per_setup():
     NOTES[SECTION] = (
         "The cost of `NanSentinel` per healthy step of `model.fit`, against the same fit "
         "without it, in each setup fit trains in. The harness's model as "
-        '`stability.sweep.zoo_tools` fits it: `Trainer(get_variant("stable_softmax"), '
+        '`stability.zoo.tools` fits it: `Trainer(get_variant("stable_softmax"), '
         'load_dataset("synthetic", num_graphs=400, seed=0), TrainConfig(hidden=32)).build()`, '
         'compiled with `HarnessLoss(recipe.loss)`, fit on `keras_input(data, "train", '
         f"batch_size=32, seed=0)`'s first {DISTINCT} batches (held as constants and cycled: "
@@ -363,7 +363,7 @@ def test_sentinel_in_fit_per_setup():
         "(the first traces the train function, built afresh for every fit as for a first "
         "one; under XLA each batch shape compiles); a "
         f"round's figure is the median of its other {timed} steps, each timed by "
-        "`zoo_tools.StepCounter` from its batch's start to its end (the sentinel's callback "
+        "`zoo.tools.StepCounter` from its batch's start to its end (the sentinel's callback "
         "included). In a round the ways fit in turns (the order reversed every other round). "
         "*paired ratio* is the median over rounds of the way's figure over the same round's "
         "fit without the sentinel, *paired added ms* the median of their difference; "

@@ -12,13 +12,10 @@ from stability.data import load_dataset
 from stability.data.graphs import batch_graphs
 from stability.model.variants import get_variant
 from stability.train import guard as step_guard
-from stability.train.trainer import (
-    TrainConfig,
-    Trainer,
-    forward,
-    input_signature,
-    make_train_step,
-)
+from stability.train.config import TrainConfig
+from stability.train.forward import forward
+from stability.train.step import input_signature, make_train_step
+from stability.train.trainer import Trainer
 
 SECTION = "Sentinel overhead per healthy step"
 STEPS = 10

@@ -29,13 +29,10 @@ from stability.data import load_dataset
 from stability.data.graphs import batch_graphs
 from stability.data.padding import budget_for, pad_batch
 from stability.model.variants import get_variant
+from stability.train.config import TrainConfig
 from stability.train.guard import StepReport
-from stability.train.trainer import (
-    TrainConfig,
-    Trainer,
-    input_signature,
-    make_train_step,
-)
+from stability.train.step import input_signature, make_train_step
+from stability.train.trainer import Trainer
 
 ROOT = Path(__file__).parent.parent
 SEED_DATA = {"num_graphs": 2000, "seed": 0}  # the seed case's data set (cases/seed.toml)

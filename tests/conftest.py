@@ -56,13 +56,14 @@ def isolated_registries(monkeypatch):
 
     from stability.core import plugins
     from stability.data import registry
-    from stability.model import logit_transforms, softmax, variants
+    from stability.model import logit_transforms, remedy, softmax, variants
 
     for module, name in [
         (variants, "_variants"),
         (softmax, "_softmaxes"),
         (logit_transforms, "_transforms"),
         (registry, "_datasets"),
+        (remedy, "_remedies"),
     ]:
         monkeypatch.setattr(module, name, getattr(module, name).copy())
     monkeypatch.setattr(plugins, "_loaded", [])

@@ -10,7 +10,7 @@ from stability.core.errors import CaseError
 from stability.data import dataset_parameters
 from stability.model.variants import list_variants
 from stability.sweep.cases import Case, parse_case
-from stability.train.trainer import DTYPES
+from stability.train.config import DTYPES
 
 # Not `plugins`: a plugin is imported, and random text must not import random modules
 # (tests/test_user_files.py checks the key).

@@ -6,9 +6,9 @@ import pytest
 from conftest import TINY_CASE
 
 from stability.core.errors import CaseError
+from stability.explore.map import load_map
 from stability.sweep.cases import load_case, parse_case
-from stability.sweep.map import load_map
-from stability.train.trainer import default_dtype
+from stability.train.config import default_dtype
 
 CASES = sorted((Path(__file__).parent.parent / "cases").glob("*.toml"))
 

@@ -7,23 +7,18 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from stability.report.claims import (
+from stability.claims.report import summary
+from stability.claims.rules import Rules, avoids, delays, hits, worse_mae
+from stability.claims.stats import ClaimInputs, setting_stats
+from stability.claims.table import (
     CLAIM_TABLE,
     CLAIMS,
     NOT_REPRODUCED,
     NOT_RUN,
     REPRODUCED,
     SEED_CLAIMS,
-    ClaimInputs,
-    Rules,
-    avoids,
-    delays,
-    hits,
     judge,
-    setting_stats,
-    worse_mae,
 )
-from stability.report.claims_report import summary
 
 RULES = Rules()
 SPE = 10  # steps per epoch in these rows

@@ -12,23 +12,12 @@ import pandas as pd
 from test_claims import SEED_TEXT, seed_frame
 
 from stability import cli
-from stability.report.claims import (
-    NOT_REPRODUCED,
-    NOT_RUN,
-    REPRODUCED,
-    SEED_CLAIMS,
-    ClaimInputs,
-    Rules,
-    judge,
-)
-from stability.report.claims_dtype import (
-    CLAIM_VARIANTS,
-    COMMAND,
-    QUOTES,
-    failure_cause,
-    float64_section,
-)
-from stability.report.claims_report import claims_markdown
+from stability.claims.float64 import CLAIM_VARIANTS, COMMAND, QUOTES, float64_section
+from stability.claims.report import claims_markdown
+from stability.claims.rules import Rules
+from stability.claims.stats import ClaimInputs
+from stability.claims.table import NOT_REPRODUCED, NOT_RUN, REPRODUCED, SEED_CLAIMS, judge
+from stability.core.failures import failure_cause
 from stability.report.writer import read_results
 
 ROOT = Path(__file__).parent.parent

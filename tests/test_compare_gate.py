@@ -10,7 +10,7 @@ from pathlib import Path
 import pandas as pd
 
 from stability import cli
-from stability.report.claims import CLAIMS
+from stability.claims.table import CLAIMS
 from stability.report.compare import EXIT_VERDICT_CHANGED
 
 BASELINE = Path(__file__).parent.parent / "reports" / "baseline" / "smoke"

@@ -3,7 +3,7 @@
 - docs/cases.md lists exactly the keys the case loader accepts, with the code's defaults.
 - README.md stays a front door of at most 200 lines, holds both commands verbatim, its
   verdicts are those of reports/claims.md, and its claims (id, tested) those of the claims'
-  table (``stability.report.claims.CLAIM_TABLE``).
+  table (``stability.claims.table.CLAIM_TABLE``).
 - docs/architecture.md lists the public names, docs/reports.md the CSV columns.
 - Every relative link (and its #anchor) in README.md and docs/*.md resolves.
 
@@ -31,8 +31,8 @@ else:  # pragma: no cover - exercised by the 3.10 tox environment
 
 import stability
 from stability import list_variants
+from stability.claims.table import CLAIM_TABLE
 from stability.data import dataset_parameters, list_datasets
-from stability.report.claims import CLAIM_TABLE
 from stability.sweep.cases import _MODEL, _TABLES, _TOP_LEVEL, parse_case
 from stability.sweep.settings import settings_table
 
@@ -203,14 +203,14 @@ def test_the_settings_tables_are_generated_from_the_declarations(scope, monkeypa
     )
 
 
-def test_the_remedy_table_is_generated_from_the_doctors_table():
-    """docs/doctor.md holds the table ``stability.sweep.remedies.REMEDIES`` renders, byte
-    for byte (regenerate it with ``stability.report.doctor_report.remedy_table``)."""
-    from stability.report.doctor_report import remedy_table
+def test_the_remedy_table_is_generated_from_the_registry():
+    """docs/doctor.md holds, between its markers, the table the registry of remedies
+    renders, byte for byte (regenerate it with ``stability.doctor.report.with_remedy_table``)."""
+    from stability.doctor.report import remedy_table, with_remedy_table
 
-    table = remedy_table()
-    assert table in (ROOT / "docs" / "doctor.md").read_text(encoding="utf-8"), (
-        f"docs/doctor.md: the remedy table differs from remedy_table():\n{table}"
+    doc = (ROOT / "docs" / "doctor.md").read_text(encoding="utf-8")
+    assert with_remedy_table(doc) == doc, (
+        f"docs/doctor.md: the remedy table differs from remedy_table():\n{remedy_table()}"
     )
 
 

@@ -22,14 +22,9 @@ from stability.data import Dataset, load_dataset, register_dataset
 from stability.data.edge_transform import transform_edges
 from stability.data.graphs import Graph
 from stability.data.self_loops import with_self_loops
-from stability.model.variants import get_variant, register_variant
-from stability.report.doctor_report import DOCTOR_FIELDS, doctor_markdown, doctor_rows
-from stability.sweep.cases import Case, parse_case
-from stability.sweep.doctor import (
-    DELAYS,
-    DOES_NOT_HELP,
-    FIXES,
-    NOT_APPLICABLE,
+from stability.doctor.remedies import case_for
+from stability.doctor.report import DOCTOR_FIELDS, doctor_markdown, doctor_rows
+from stability.doctor.run import (
     ORIGINAL,
     DoctorRun,
     Trial,
@@ -42,7 +37,10 @@ from stability.sweep.doctor import (
     remedy_budget,
     verdict,
 )
-from stability.sweep.remedies import DIVERGENCE, HEADROOM, REMEDIES, SYMPTOMS, case_for, get_remedy
+from stability.model.remedy import DIVERGENCE, HEADROOM, SYMPTOMS, get_remedy, list_remedies
+from stability.model.variants import get_variant, register_variant
+from stability.report.verdicts import DELAYS, DOES_NOT_HELP, FIXES, NOT_APPLICABLE
+from stability.sweep.cases import Case, parse_case
 from stability.sweep.runner import case_datasets, execute_runs, run_configs
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -191,7 +189,7 @@ def test_the_budget_is_three_times_the_latest_failure_or_the_case_s():
 
 @pytest.mark.parametrize("symptom", SYMPTOMS)
 def test_every_remedy_has_a_reason_for_every_symptom(symptom):
-    for remedy in REMEDIES:
+    for remedy in list_remedies():
         reason = remedy.reason(symptom)
         assert reason.strip(), (remedy.name, symptom)
         assert reason == (remedy.helps[symptom] if remedy.expected(symptom) else remedy.cannot)
@@ -453,6 +451,7 @@ def test_a_user_model_without_the_layer_hook_cannot_take_the_softmax_remedies(
     ("name", "message"),
     [
         ("raw_e+nope", "unknown model remedy 'nope'"),
+        ("raw_e+lower_lr", "unknown model remedy 'lower_lr'"),  # a case remedy
         ("raw_e+clip+clip", "one remedy"),
         ("raw_e+clip@x", "takes no @layer"),
         ("+clip", "VARIANT+REMEDY"),
@@ -473,6 +472,36 @@ def test_a_registered_name_cannot_hold_the_remedy_mark(isolated_registries):
         register_variant(builder, name="mine+clip")
     with pytest.raises(StabilityError, match="unknown variant 'mine'"):
         get_variant("mine+clip")
+
+
+def test_a_remedy_is_one_decorated_function(isolated_registries):
+    """A remedy registered in one place is in the doctor's table, with its own predicate's
+    reason when it does not apply, and its case key in the command that reruns it."""
+    from stability.doctor.remedies import command
+    from stability.doctor.report import remedy_table
+    from stability.doctor.run import _check_applies
+    from stability.model.remedy import case_remedy
+
+    @case_remedy(
+        key="hidden",
+        family="model",
+        label="a wider model",
+        code="hidden * 2",
+        helps={DIVERGENCE: "more room"},
+        cannot="width is not range",
+        applies=lambda target: "too wide" if target.before.hidden > 32 else None,
+    )
+    def wider(case):
+        return case.hidden * 2
+
+    assert list_remedies()[-1] is get_remedy("wider")
+    assert "| `wider` | model | a wider model; in code: hidden * 2 |" in remedy_table()
+    remedied = case_for(get_remedy("wider"), PLANTED, "raw_e", None, "planted__wider")
+    assert remedied.hidden == 2 * PLANTED.hidden
+    assert f"--set 'hidden={remedied.hidden}'" in command("c.toml", remedied, PLANTED)
+    wide = replace(PLANTED, hidden=64)
+    with pytest.raises(RemedyError, match="too wide"):
+        _check_applies(get_remedy("wider"), wide, replace(wide, hidden=128))
 
 
 # --- data remedies ------------------------------------------------------------------------
@@ -722,7 +751,7 @@ def test_the_exit_code_follows_the_doctor_csv_and_clipping_does_not_fix_the_over
         "final_mae",
     }
     by_remedy = {r["remedy"]: r for r in rows}
-    assert set(by_remedy) == {r.name for r in REMEDIES}
+    assert set(by_remedy) == {r.name for r in list_remedies()}
     fixed = any(r["verdict"] == FIXES for r in rows)
     assert done.returncode == (0 if fixed else 1), done.stderr
     # Issue 28: gradient clipping does not fix a forward overflow.

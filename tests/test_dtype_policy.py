@@ -5,8 +5,10 @@ import pytest
 
 from stability import BuildContext
 from stability.core.limits import exp_limits
-from stability.model.variants import Recipe, Variant, create_recipe
-from stability.train.trainer import DTYPES, TrainConfig, Trainer, default_dtype
+from stability.model.recipe import Recipe, Variant
+from stability.model.variants import create_recipe
+from stability.train.config import DTYPES, TrainConfig, default_dtype
+from stability.train.trainer import Trainer
 
 
 def planted(softmax: str, max_logit: float):

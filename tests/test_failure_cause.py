@@ -18,7 +18,7 @@ from stability.core.failures import CAUSES
 from stability.data import load_dataset
 from stability.model.losses import robust_loss
 from stability.train.cause import explosion_threshold, failure_cause
-from stability.train.replay import NanSite, OpEvidence, evidence_from, what_happened
+from stability.train.site import NanSite, OpEvidence, evidence_from, what_happened
 
 CONFIG = TrainConfig(seed=0, batch_size=16, learning_rate=1e-2, epochs=2, hidden=8, dtype="float32")
 THRESHOLD = explosion_threshold("float32")

@@ -1,4 +1,4 @@
-"""The hunt (stability.sweep.hunt): its space, its direction, its moves, the case it writes
+"""The hunt (stability.explore.hunt): its space, its direction, its moves, the case it writes
 and the report it writes, and its command line."""
 
 import math
@@ -11,16 +11,18 @@ import tensorflow as tf
 from stability.core.results import EpochRecord, RunResult
 from stability.data.graphs import batch_graphs
 from stability.data.strategies import attention_target
+from stability.explore import headroom
+from stability.explore.found_case import write_found_case
+from stability.explore.headroom import Margin, direction, record_margins, run_margin
+from stability.explore.hunt import Hunt, Plan, Push, Training, hunt, hunt_config
+from stability.explore.hunt_report import HUNT_FIELDS, hunt_frame, hunt_markdown
+from stability.explore.hunt_space import HuntSpace, graph_statistics
 from stability.model.variants import get_variant
-from stability.report.hunt_report import HUNT_FIELDS, hunt_frame, hunt_markdown
-from stability.sweep import headroom
 from stability.sweep.cases import load_case, parse_case
-from stability.sweep.found_case import write_found_case
-from stability.sweep.headroom import Margin, direction, record_margins, run_margin
-from stability.sweep.hunt import Hunt, Plan, Push, Training, hunt, hunt_config
-from stability.sweep.hunt_space import HuntSpace, graph_statistics
 from stability.sweep.runner import run_case
-from stability.train.trainer import TrainConfig, Trainer, forward
+from stability.train.config import TrainConfig
+from stability.train.forward import forward
+from stability.train.trainer import Trainer
 
 #: Distances up to 64 on 32 generated graphs, 2 epochs: the top of the range breaks
 #: stable_softmax's first step (cases/hunt.toml, smaller).
@@ -225,7 +227,7 @@ def test_docs_list_the_hunt_columns():
 
 
 def test_limits_are_climbed_in_the_order_their_moves_predict():
-    from stability.sweep.hunt import _ranked
+    from stability.explore.hunt import _ranked
 
     signs, logits = np.ones(3), np.zeros(3)
     near = Push(0.5, 10, signs, logits, predicted=0.45)  # near, but the move barely helps

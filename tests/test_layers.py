@@ -6,6 +6,7 @@ the source, including imports inside functions, which a runtime check would miss
 """
 
 import ast
+import functools
 from pathlib import Path
 
 import pytest
@@ -15,11 +16,14 @@ import stability
 PACKAGE = Path(stability.__file__).parent
 
 #: Layer of each folder, bottom first; a module may import its own layer or lower ones.
-LAYERS = ("core", "data", "model", "testing", "train", "sweep", "report")
+ENGINE = ("core", "compat", "data", "model", "testing", "train", "sweep", "report")
+#: The features, one layer above the engine: each imports the engine, never another feature.
+FEATURES = ("claims", "doctor", "explore", "zoo")
+LAYERS = (*ENGINE, "features")
 TOP = len(LAYERS)  # stability/__init__.py, __main__.py, cli.py, plugin.py, ...
 #: Folders of the top layer: the command line's subcommands, and the zoo's bug programs
 #: (written as users write them: ``from stability import Recipe, register_variant``).
-TOP_FOLDERS = ("commands", "zoo")
+TOP_FOLDERS = ("commands", "zoo.bugs")
 #: Deprecated module -> the package its names moved to. A shim re-exports from there, so
 #: that import is exempt from the rule; nothing in the package may import the shim.
 SHIMS = {
@@ -37,8 +41,17 @@ def module_name(path: Path) -> str:
 
 
 def layer_of(module: str) -> int:
+    if any(module == f"stability.{f}" or module.startswith(f"stability.{f}.") for f in TOP_FOLDERS):
+        return TOP
     parts = module.split(".")
-    return LAYERS.index(parts[1]) if len(parts) > 1 and parts[1] in LAYERS else TOP
+    if len(parts) > 1 and parts[1] in FEATURES:
+        return LAYERS.index("features")
+    return LAYERS.index(parts[1]) if len(parts) > 1 and parts[1] in ENGINE else TOP
+
+
+def feature_of(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[1] if layer_of(module) == LAYERS.index("features") else None
 
 
 def imports_of(path: Path) -> set[str]:
@@ -71,6 +84,16 @@ def upward_imports(graph: dict[str, set[str]]) -> list[str]:
         for source, targets in graph.items()
         for target in sorted(targets)
         if layer_of(target) > layer_of(source) and not _moved_to(source, target)
+    ]
+
+
+def cross_feature_imports(graph: dict[str, set[str]]) -> list[str]:
+    """Imports from one feature package into another (features meet only on the top layer)."""
+    return [
+        f"{source} imports {target}"
+        for source, targets in graph.items()
+        for target in sorted(targets)
+        if feature_of(source) and feature_of(target) and feature_of(source) != feature_of(target)
     ]
 
 
@@ -111,12 +134,16 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 def test_every_module_sits_in_a_known_layer():
     for path in PACKAGE.rglob("*.py"):
         folder = path.relative_to(PACKAGE).parts
-        known = len(folder) == 1 or folder[0] in LAYERS or folder[0] in TOP_FOLDERS
+        known = len(folder) == 1 or folder[0] in ENGINE + FEATURES or folder[0] == "commands"
         assert known, f"{path}: not in a layer folder"
 
 
 def test_imports_only_point_down():
     assert upward_imports(import_graph()) == []
+
+
+def test_features_never_import_each_other():
+    assert cross_feature_imports(import_graph()) == []
 
 
 def test_nothing_imports_a_deprecated_shim():
@@ -133,8 +160,8 @@ def test_no_import_cycles():
     [
         (
             {
-                "stability.core.errors": {"stability.report.claims"},
-                "stability.report.claims": set(),
+                "stability.core.errors": {"stability.claims.table"},
+                "stability.claims.table": set(),
             },
             "up",
         ),
@@ -156,7 +183,53 @@ def test_the_rule_can_fail(graph, kind):
             "stability.report.z": {"stability.model.conformance"}
         }
         assert upward_imports(graph) == [
-            "stability.core.errors (core) imports stability.report.claims (report)"
+            "stability.core.errors (core) imports stability.claims.table (features)"
+        ]
+        assert cross_feature_imports({"stability.zoo.run": {"stability.doctor.run"}}) == [
+            "stability.zoo.run imports stability.doctor.run"
         ]
     else:
         assert cycles(graph) == [["stability.data.a", "stability.data.b", "stability.data.a"]]
+
+
+@functools.cache
+def _top_level_names(path: Path) -> tuple[set[str], set[str]]:
+    """(names ``path`` defines, names it imports), at module level."""
+    defined, imported = set(), set()
+    for node in ast.parse(path.read_text(encoding="utf-8")).body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            defined.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            defined |= {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+        elif isinstance(node, ast.ImportFrom):
+            imported |= {a.asname or a.name for a in node.names}
+    return defined, imported
+
+
+def forwarded_imports(files: list[Path]) -> list[str]:
+    """``from stability.m import name`` where module ``m`` does not define ``name`` but only
+    imports it: a second import path for one name. A package's ``__init__`` (its public
+    surface) and a deprecated shim may forward; nothing may import through another module."""
+    found = []
+    for path in files:
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not (isinstance(node, ast.ImportFrom) and node.level == 0 and node.module):
+                continue
+            source = PACKAGE.parent / node.module.replace(".", "/")
+            if not source.with_suffix(".py").exists() or node.module in SHIMS:
+                continue
+            defined, imported = _top_level_names(source.with_suffix(".py"))
+            found += [
+                f"{path.name}: {node.module}.{a.name}"
+                for a in node.names
+                if a.name in imported - defined
+                and not (source / a.name).with_suffix(".py").exists()
+            ]
+    return found
+
+
+def test_one_import_path_for_each_name():
+    tests = Path(__file__).parent
+    files = [*PACKAGE.rglob("*.py"), *tests.rglob("*.py"), *tests.parent.glob("benchmarks/*.py")]
+    assert forwarded_imports(files) == []

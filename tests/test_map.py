@@ -12,8 +12,7 @@ from stability.core.failures import failed, failure_cause
 from stability.core.results import RESULT_FIELDS, TIMING_FIELDS
 from stability.data.generated import drawn_with
 from stability.data.strategies import NAMED_DISTRIBUTIONS
-from stability.report.map_report import map_markdown, read_map_rows
-from stability.sweep.bisection import (
+from stability.explore.bisection import (
     FAILS_AT_LOW,
     FAILS_FROM,
     NEVER_FAILS,
@@ -21,7 +20,7 @@ from stability.sweep.bisection import (
     bisect,
     midpoint,
 )
-from stability.sweep.map import (
+from stability.explore.map import (
     MapRows,
     boundaries,
     grid_cells,
@@ -29,6 +28,7 @@ from stability.sweep.map import (
     point_case,
     point_keys,
 )
+from stability.explore.map_report import map_markdown, read_map_rows
 from stability.sweep.runner import run_configs
 
 # --- the bisection rule, on planted fail(scale) functions (no training) -------------------

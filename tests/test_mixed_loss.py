@@ -11,9 +11,10 @@ import pytest
 import tensorflow as tf
 
 from stability import BuildContext
-from stability.model.variants import Recipe, Variant
+from stability.model.recipe import Recipe, Variant
+from stability.train.config import TrainConfig
 from stability.train.step import loss_predictions
-from stability.train.trainer import TrainConfig, Trainer
+from stability.train.trainer import Trainer
 
 
 def log_small(targets, predictions):
@@ -68,7 +69,7 @@ def test_run_and_fit_agree_on_a_float16_model(way, tiny_dataset):
         assert result.first_nan_epoch is None, result
         return
     from stability import NanSentinel, keras_input
-    from stability.sweep.zoo_tools import HarnessLoss
+    from stability.zoo.tools import HarnessLoss
 
     recipe = trainer.build()
     recipe.model.compile(recipe.optimizer, HarnessLoss(recipe.loss), auto_scale_loss=False)

@@ -11,15 +11,12 @@ from stability.core.errors import DataError
 from stability.core.results import TIMING_FIELDS
 from stability.data.graphs import Graph, batch_graphs
 from stability.data.padding import EDGE_QUANTUM, Budget, budget_for, pad_batch, padded_shape
-from stability.model.variants import Variant, get_variant
+from stability.model.recipe import Variant
+from stability.model.variants import get_variant
+from stability.train.config import TrainConfig
 from stability.train.guard import StepReport
-from stability.train.step import real_mean
-from stability.train.trainer import (
-    TrainConfig,
-    Trainer,
-    input_signature,
-    make_train_step,
-)
+from stability.train.step import input_signature, make_train_step, real_mean
+from stability.train.trainer import Trainer
 
 
 def real_batch(dataset, size=16):

@@ -6,7 +6,8 @@ import pytest
 from stability.core.results import TIMING_FIELDS
 from stability.data.prefetch import prefetched
 from stability.model.variants import get_variant
-from stability.train.trainer import TrainConfig, Trainer
+from stability.train.config import TrainConfig
+from stability.train.trainer import Trainer
 
 
 @pytest.mark.parametrize("depth", [0, 1, 2, 5])

@@ -11,14 +11,12 @@ import numpy as np
 import tensorflow as tf
 from hypothesis import strategies as st
 
-from stability.data.hypothesis_engine import PRIVATE_API as HYPOTHESIS_PRIVATE
-from stability.data.hypothesis_engine import draw
-from stability.model.keras_layers import PRIVATE_API as KERAS_PRIVATE
-from stability.model.keras_layers import layer_names
-from stability.model.network import GraphNetwork
-from stability.train.failing_op import failing_node
-from stability.train.keras_private import COMPUTE_LOSS_ARGS, is_slot_of, slot_name
-from stability.train.tf_private import (
+from stability.compat.hypothesis_engine import PRIVATE_API as HYPOTHESIS_PRIVATE
+from stability.compat.hypothesis_engine import draw
+from stability.compat.keras_layers import PRIVATE_API as KERAS_PRIVATE
+from stability.compat.keras_layers import layer_names
+from stability.compat.keras_private import COMPUTE_LOSS_ARGS, is_slot_of, slot_name
+from stability.compat.tf_private import (
     GRADIENT_SCOPE,
     captured_handles,
     disable_op_determinism,
@@ -29,6 +27,8 @@ from stability.train.tf_private import (
     op_determinism_enabled,
     strip_uniquifier,
 )
+from stability.model.network import GraphNetwork
+from stability.train.failing_op import failing_node
 
 
 def test_keras_private_layer_walk_exists_and_finds_nested_layers():
@@ -221,3 +221,22 @@ def test_op_determinism_can_be_read_and_turned_off_again():
     finally:
         if was:
             tf.config.experimental.enable_op_determinism()
+
+
+def test_every_compat_module_is_tested_here_and_listed_in_the_docs():
+    """One place for other libraries' private behaviour: each module of ``stability.compat``
+    is imported by this file and has a row in docs/architecture.md's table."""
+    import ast
+    from pathlib import Path
+
+    import stability.compat
+
+    folder = Path(stability.compat.__file__).parent
+    modules = {f"stability.compat.{p.stem}" for p in folder.glob("*.py") if p.stem != "__init__"}
+    tree = ast.parse(Path(__file__).read_text(encoding="utf-8"))
+    imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module} | {
+        a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names
+    }
+    docs = (Path(__file__).parents[1] / "docs" / "architecture.md").read_text(encoding="utf-8")
+    assert sorted(modules - imported) == [], "compat modules this file does not exercise"
+    assert sorted(m for m in modules if f"| `{m}` |" not in docs) == [], "not in the docs"

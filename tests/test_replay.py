@@ -7,9 +7,11 @@ import tensorflow as tf
 from test_sentinel import nan_gradient, overflowing_loss
 
 from stability import BuildContext
-from stability.model.variants import Recipe, Variant, create_recipe
-from stability.train.replay import site_from_error
-from stability.train.trainer import TrainConfig, Trainer
+from stability.model.recipe import Recipe, Variant
+from stability.model.variants import create_recipe
+from stability.train.config import TrainConfig
+from stability.train.failing_op import site_from_error
+from stability.train.trainer import Trainer
 
 # The planted magnitudes (logits of 240, log sigma of -100) are float32's limits; each
 # policy's own limits are tested in test_dtype_policy.py.
@@ -131,7 +133,7 @@ def test_an_xla_compiled_step_is_guarded_and_replayed_without_xla(tiny_dataset):
     from stability.data.graphs import batch_graphs
     from stability.train.guard import StepReport
     from stability.train.replay import replay_step
-    from stability.train.trainer import input_signature, make_train_step
+    from stability.train.step import input_signature, make_train_step
 
     trainer = Trainer(
         Variant("planted", "test-only", attention_weight_on_e(60.0)), tiny_dataset, CONFIG

@@ -5,14 +5,10 @@ import pytest
 
 from stability.data.graphs import batch_graphs
 from stability.model.variants import get_variant
+from stability.train.config import TrainConfig
 from stability.train.guard import StepReport
-from stability.train.trainer import (
-    TrainConfig,
-    Trainer,
-    input_signature,
-    make_predict,
-    make_train_step,
-)
+from stability.train.step import input_signature, make_predict, make_train_step
+from stability.train.trainer import Trainer
 
 
 @pytest.mark.parametrize("variant", ["raw_e", "grad_clip"])

@@ -9,12 +9,14 @@ import tensorflow as tf
 
 from stability import BuildContext
 from stability.model.losses import robust_loss
-from stability.model.variants import Variant, create_recipe
+from stability.model.recipe import Variant
+from stability.model.variants import create_recipe
 from stability.train import guard
 from stability.train.checks import nonfinite_weights
+from stability.train.config import TrainConfig
 from stability.train.forward import completed
 from stability.train.guard import StepReport, stage_of
-from stability.train.trainer import TrainConfig, Trainer
+from stability.train.trainer import Trainer
 
 # The planted magnitudes (logits of 240, log sigma of -100) are float32's limits; each
 # policy's own limits are tested in test_dtype_policy.py.

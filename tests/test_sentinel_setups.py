@@ -20,7 +20,7 @@ The trainer's answer is computed once per plant and dtype (``Trainer.run``, the
 the sentinel's result in each setup must equal it: epoch, step, stage, layer, op, kind and
 cause; a twin raises no alarm in either and ends ``fit`` with a finite loss. Each plant is
 checked to fail at its own stage in the trainer (the premise of its row); the sentinel is
-compared only with the trainer. ``fit`` follows ``stability.sweep.zoo_tools``: the
+compared only with the trainer. ``fit`` follows ``stability.zoo.tools``: the
 recipe of ``Trainer.build`` compiled with ``HarnessLoss(recipe.loss)`` and fit on
 ``keras_input`` (the trainer's batches, the same seed), with ``NanSentinel(keep_state=True)``,
 the mode that names an update failure op by op as the trainer does.
@@ -67,14 +67,14 @@ import pytest
 import tensorflow as tf
 
 from stability import BuildContext, NanSentinel, Recipe, TrainConfig, Trainer
+from stability.compat.tf_private import disable_op_determinism, op_determinism_enabled
 from stability.data import Dataset
 from stability.data.graphs import Graph, batch_graphs
-from stability.model.variants import Variant
-from stability.sweep.zoo_tools import HarnessLoss
+from stability.model.recipe import Variant
 from stability.train.config import seed_everything
 from stability.train.keras_input import keras_input
 from stability.train.step import input_signature
-from stability.train.tf_private import disable_op_determinism, op_determinism_enabled
+from stability.zoo.tools import HarnessLoss
 
 pytestmark = pytest.mark.xdist_group("sentinel_setups")  # one worker: one trainer cache
 

@@ -11,7 +11,7 @@ from stability.core.errors import CaseError
 from stability.sweep.cases import Case, parse_case
 from stability.sweep.runner import run_configs
 from stability.sweep.settings import SETTINGS, TOP_LEVEL, settings_table, toml
-from stability.train.trainer import TrainConfig
+from stability.train.config import TrainConfig
 
 CASE_FIELDS = {f.name: f for f in dataclasses.fields(Case)}
 TRAIN_FIELDS = {f.name: f for f in dataclasses.fields(TrainConfig)}

@@ -12,10 +12,11 @@ from hypothesis import find, given
 from hypothesis.errors import InvalidArgument
 
 from stability.cli import main
+from stability.compat.hypothesis_engine import draw
 from stability.core.errors import StabilityError
 from stability.data import dataset_from_key, load_dataset
 from stability.data.graphs import validate_graph
-from stability.data.strategies import datasets, draw, edge_distances, graphs
+from stability.data.strategies import datasets, edge_distances, graphs
 from stability.sweep.cases import parse_case
 from stability.sweep.runner import case_datasets, run_case
 

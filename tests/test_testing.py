@@ -81,8 +81,7 @@ def test_the_old_conformance_path_warns_and_gives_the_same_objects(monkeypatch):
     assert len(shared) >= 10, shared
     for name in shared:
         assert getattr(old, name) is getattr(testing, name), name
-    from stability.model import softmax_inputs
-    from stability.testing import finite_range, tolerance
+    from stability.testing import finite_range, softmax_inputs, tolerance
 
     assert old.span_text is finite_range.span_text
     assert old.tolerance_text is tolerance.tolerance_text

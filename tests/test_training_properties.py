@@ -17,7 +17,8 @@ from hypothesis.errors import Found
 from stability.data.graphs import Graph
 from stability.data.strategies import attention_target, datasets, graphs, split_dataset
 from stability.model.variants import get_variant
-from stability.train.trainer import TrainConfig, Trainer
+from stability.train.config import TrainConfig
+from stability.train.trainer import Trainer
 
 #: Small graphs whose distances carry rare outliers up to 300 (75x the seed's largest).
 DATASETS = datasets(

@@ -17,8 +17,8 @@ import pytest
 import tensorflow as tf
 
 from stability import Recipe, StabilityError, TrainConfig, Trainer, Variant
+from stability.compat.keras_layers import layer_names
 from stability.data import load_dataset
-from stability.model.keras_layers import layer_names
 from stability.train.failing_op import layer_path
 from stability.train.replay import replay_step
 

@@ -7,7 +7,8 @@ import pytest
 from stability import BuildContext, NameNotFound, StabilityError, get_variant, list_variants
 from stability.data.graphs import batch_graphs
 from stability.model.variants import create_recipe, register_variant
-from stability.train.trainer import TrainConfig, Trainer
+from stability.train.config import TrainConfig
+from stability.train.trainer import Trainer
 
 BUILT_IN = [
     "raw_e",

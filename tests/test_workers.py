@@ -8,7 +8,8 @@ from stability.cli import main
 from stability.core.errors import StabilityError
 from stability.core.results import TIMING_FIELDS
 from stability.model import variants
-from stability.model.variants import BuildContext, Recipe, create_recipe, register_variant
+from stability.model.recipe import BuildContext, Recipe
+from stability.model.variants import create_recipe, register_variant
 from stability.sweep.cases import parse_case
 from stability.sweep.runner import run_case
 from stability.sweep.workers import run_in_workers, variant_modules

@@ -13,10 +13,12 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from stability.model.recipe import Variant
 from stability.model.softmax import naive_segment_softmax
-from stability.model.variants import Variant, create_recipe, get_variant
-from stability.train.replay import XLA_ONLY
-from stability.train.trainer import TrainConfig, Trainer
+from stability.model.variants import create_recipe, get_variant
+from stability.train.config import TrainConfig
+from stability.train.site import XLA_ONLY
+from stability.train.trainer import Trainer
 
 RECEIVERS = tf.constant([0, 0, 1, 1])
 WEIGHTS = tf.constant([[1.0], [2.0], [3.0], [4.0]])

@@ -37,7 +37,8 @@ import tensorflow as tf
 tf.config.threading.set_intra_op_parallelism_threads(int(sys.argv[1]))
 tf.config.threading.set_inter_op_parallelism_threads(1)
 from stability.data import load_dataset
-from stability.train.trainer import TrainConfig, Trainer
+from stability.train.config import TrainConfig
+from stability.train.trainer import Trainer
 from stability.model.variants import get_variant
 data = load_dataset("synthetic", num_graphs=2000, attend="nearest")
 config = TrainConfig(seed=1, batch_size=32, learning_rate=0.01, epochs=2, dtype="float32",

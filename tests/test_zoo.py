@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 
 from stability.core.failures import CAUSES
-from stability.report.zoo_report import GOALS, ZOO_FIELDS, scores, zoo_markdown
+from stability.doctor.run import find
 from stability.sweep.cases import load_case
-from stability.sweep.doctor import find
 from stability.sweep.runner import run_case
-from stability.sweep.zoo import BUGS, bug_files, load_bug
-from stability.sweep.zoo_bug import STAGES
+from stability.zoo.bug import STAGES
+from stability.zoo.report import GOALS, ZOO_FIELDS, scores, zoo_markdown
+from stability.zoo.run import BUGS, bug_files, load_bug
 
 ROOT = Path(__file__).resolve().parent.parent
 COMMITTED = ROOT / "reports" / "zoo.csv"

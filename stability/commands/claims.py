@@ -1,5 +1,5 @@
-"""``python -m stability claims``: run the claim cases, then judge the seed's claims into
-``claims.md`` (``stability.report.claims``)."""
+"""``python -m stability claims``: the parser, and running the claim cases; judging them into
+``claims.md`` is ``stability.claims.report.write_claims``."""
 
 from __future__ import annotations
 
@@ -7,6 +7,8 @@ import argparse
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from stability.claims.stats import CLAIM_CASES
+from stability.claims.table import ID_RANGE
 from stability.commands.flags import add_run_flags
 from stability.commands.run import run_cases
 from stability.core.errors import StabilityError
@@ -14,16 +16,14 @@ from stability.core.errors import StabilityError
 if TYPE_CHECKING:
     from stability.sweep.cases import Case
 
-#: The cases the claims are judged from (``cases/<name>.toml``), in the order they run.
-CLAIM_CASES = ("seed", "batch_size", "learning_rate")
-
 
 def add_claims_parser(sub: argparse._SubParsersAction) -> None:
     claims = sub.add_parser(
         "claims",
         help="the main job: run the claim cases, write their reports and reports/claims.md",
         description="Run cases/seed.toml, cases/batch_size.toml and cases/learning_rate.toml, "
-        "write each case's reports, then judge the seed's claims C1-C11 into <out>/claims.md.",
+        "write each case's reports, then judge the seed's claims "
+        f"{ID_RANGE} into <out>/claims.md.",
     )
     claims.add_argument(
         "--cases",
@@ -45,13 +45,8 @@ def add_claims_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def claims_command(args: argparse.Namespace) -> int:
-    from stability.core.files import atomic_write_text
-    from stability.report.claims import ClaimInputs, Rules, judge
-    from stability.report.claims_dtype import CASE, float64_section
-    from stability.report.claims_report import claims_markdown, molecules_section, summary
-    from stability.report.writer import read_history, read_results
+    from stability.claims.report import write_claims
     from stability.sweep.cases import load_case
-    from stability.sweep.runner import case_datasets
 
     if args.no_run and not args.out.is_dir():
         raise StabilityError(
@@ -63,35 +58,7 @@ def claims_command(args: argparse.Namespace) -> int:
         cases = [_smoke(case) for case in cases]
     if not args.no_run:
         run_cases(cases, args)
-    frames = {}
-    for case in cases:
-        path = args.out / f"{case.name}.csv"
-        frames[case.name] = read_results(path) if path.exists() else None
-    seed = cases[0]
-    inputs = ClaimInputs(
-        seed=frames["seed"],
-        batch_size=frames["batch_size"],
-        learning_rate=frames["learning_rate"],
-        train_graphs=len(case_datasets(seed)[0].train),
-        seed_batch_size=seed.batch_sizes[0],
-        seed_learning_rate=seed.learning_rates[0],
-    )
-    rules = Rules()
-    verdicts = judge(inputs, rules)
-    path = args.out / "claims.md"
-    molecules_csv = args.out / "g2_molecules.csv"
-    molecules = molecules_section(read_results(molecules_csv) if molecules_csv.exists() else None)
-    float64_csv = args.out / f"{CASE}.csv"
-    float64 = float64_section(
-        read_results(float64_csv) if float64_csv.exists() else None,
-        read_history(args.out / f"{CASE}.history.csv"),
-        verdicts,
-        inputs,
-        rules,
-    )
-    text = claims_markdown(verdicts, rules, summary(verdicts, inputs, rules), molecules, float64)
-    atomic_write_text(path, text)
-    print(f"wrote {path}")
+    print(f"wrote {write_claims(args.out, cases)}")
     return 0
 
 

@@ -13,7 +13,7 @@ from stability.core.plugins import import_spec
 
 
 def add_conformance_parser(sub: argparse._SubParsersAction) -> None:
-    from stability.model.softmax_inputs import DTYPES
+    from stability.core.limits import FLOAT_DTYPES
 
     conformance = sub.add_parser(
         "conformance",
@@ -32,7 +32,7 @@ def add_conformance_parser(sub: argparse._SubParsersAction) -> None:
     conformance.add_argument(
         "--dtype",
         action="append",
-        choices=DTYPES,
+        choices=FLOAT_DTYPES,
         help="a dtype to check (repeatable; default: all three)",
     )
     conformance.add_argument(
@@ -45,12 +45,12 @@ def add_conformance_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def conformance_command(args: argparse.Namespace) -> int:
-    from stability.model.softmax_inputs import DTYPES
+    from stability.core.limits import FLOAT_DTYPES
     from stability.testing import check_segment_softmax
 
     fn = _import_target(args.target)
     report = check_segment_softmax(
-        fn, dtypes=tuple(args.dtype or DTYPES), mask=args.mask, profile=args.profile
+        fn, dtypes=tuple(args.dtype or FLOAT_DTYPES), mask=args.mask, profile=args.profile
     )
     print(report)
     return 0 if report.passed else 1

@@ -1,5 +1,5 @@
 """``python -m stability doctor``: from a variant's first failure to a verified fix
-(``stability.sweep.doctor``), written as ``<case>.doctor.md`` and ``<case>.doctor.csv``."""
+(``stability.doctor.run``), written as ``<case>.doctor.md`` and ``<case>.doctor.csv``."""
 
 from __future__ import annotations
 
@@ -52,9 +52,9 @@ def doctor_command(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
     from stability.commands.run import cluster_of, variant_list
-    from stability.report.doctor_report import write_doctor_report
+    from stability.doctor.report import write_doctor_report
+    from stability.doctor.run import doctor
     from stability.sweep.cases import load_case
-    from stability.sweep.doctor import doctor
 
     case = load_case(args.case, args.overrides)
     case = replace(case, threads=args.threads, jit_compile=case.jit_compile or args.jit_compile)

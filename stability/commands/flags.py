@@ -7,6 +7,7 @@ import argparse
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 from stability.core.errors import StabilityError
 
@@ -116,6 +117,17 @@ def show_progress(args: argparse.Namespace) -> bool:
     """Whether to draw progress bars: only where someone watches them, on a terminal. Into
     a pipe or a log file (CI, ``2> log``) each redraw would be one more line."""
     return not args.no_progress and sys.stderr.isatty()
+
+
+def run_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The run flags as a runner's keyword arguments (``run_case``, ``run_map``, the
+    doctor's and the zoo's runs): progress bars, ``--resume``, ``--overwrite``, ``--workers``."""
+    return {
+        "progress": show_progress(args),
+        "resume": args.resume,
+        "overwrite": args.overwrite,
+        "workers": args.workers,
+    }
 
 
 def positive_int(text: str) -> int:

@@ -1,5 +1,5 @@
 """``python -m stability hunt``: search a case's data for graphs that break a variant, write
-what it found as a case, and check that ``run`` reproduces it (``stability.sweep.hunt``)."""
+what it found as a case, and check that ``run`` reproduces it (``stability.explore.hunt``)."""
 
 from __future__ import annotations
 
@@ -75,12 +75,9 @@ def hunt_command(args: argparse.Namespace) -> int:
     from tqdm.auto import tqdm
 
     from stability.commands.flags import show_progress
-    from stability.core.plugins import is_path
-    from stability.report.hunt_report import write_hunt_report
+    from stability.explore.hunt import hunt
+    from stability.explore.run import found_plugins, no_failure_line, training_line, write_hunt
     from stability.sweep.cases import load_case
-    from stability.sweep.found_case import write_found_case
-    from stability.sweep.hunt import hunt
-    from stability.sweep.runner import run_case
 
     case = load_case(args.case, args.overrides)
     _check_out(args.out)
@@ -94,12 +91,7 @@ def hunt_command(args: argparse.Namespace) -> int:
 
     def on_training(training) -> None:
         bar.update(1)
-        outcome = (
-            f"fails at epoch {training.result.first_nan_epoch}" if training.failed else "finite"
-        )
-        bar.write(
-            f"training {training.index}: {training.move}: {outcome}; {training.margin.describe()}"
-        )
+        bar.write(training_line(training))
 
     try:
         found = hunt(
@@ -114,20 +106,11 @@ def hunt_command(args: argparse.Namespace) -> int:
         )
     finally:
         bar.close()
-    plugins = [str((args.case.parent / p).resolve()) if is_path(p) else p for p in case.plugins] + [
-        str(Path(p).resolve()) if is_path(p) else p for p in args.plugin
-    ]
-    path = write_found_case(found, args.out, plugins)
-    reproduced = None
-    if found.found and not args.no_reproduce:
-        results = run_case(load_case(path), progress=False)
-        reproduced = results[0] if results else None
-    report = write_hunt_report(found, args.out, path, reproduced)
+    plugins = found_plugins(case, args.case, args.plugin)
+    path, report = write_hunt(found, args.out, plugins, reproduce=not args.no_reproduce)
     print(f"wrote {path}, {path.with_suffix('.npz').name} and {report}")
     if not found.found:
-        count = len(found.trainings)
-        plural = "" if count == 1 else "s"
-        print(f"no failure of {args.variant} in {count} training{plural}", file=sys.stderr)
+        print(no_failure_line(found), file=sys.stderr)
     return 0
 
 

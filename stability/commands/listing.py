@@ -9,12 +9,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from stability.commands.flags import add_plugin_flag, add_set_flag
-from stability.commands.run import report_description
 from stability.core.errors import StabilityError
+from stability.report.description import report_description
 
 if TYPE_CHECKING:
+    from stability.explore.map import MapCase
     from stability.sweep.cases import Case
-    from stability.sweep.map import MapCase
 
 
 def add_list_parser(sub: argparse._SubParsersAction) -> None:
@@ -96,17 +96,12 @@ def report_command(args: argparse.Namespace) -> int:
 
 
 def _load_case(path: Path | None, overrides: list[str]) -> tuple[Case | None, MapCase | None]:
-    """The case file named by ``--case`` (None without one) and, for a map case (one with a
-    ``[map]`` table), its map."""
+    """The case file named by ``--case`` (None without one) and, for a map case, its map."""
     if path is None:
         return None, None
-    from stability.sweep.cases import load_case, parse_toml, read_case_text
-    from stability.sweep.map import load_map
+    from stability.explore.run import read_case_file
 
-    if "map" in parse_toml(read_case_text(path), str(path)):
-        found = load_map(path, overrides)
-        return found.case, found
-    return load_case(path, overrides), None
+    return read_case_file(path, overrides)
 
 
 def _datasets(case: Case) -> list:
@@ -147,9 +142,8 @@ def resummarize_csv(csv_path: Path, jit_compile: bool) -> int:
 
 
 def _map_report(map_case: MapCase, csv_path: Path, out: Path) -> int:
-    from stability.report.map_report import read_map_rows, write_map_report
+    from stability.explore.run import rewrite_map_report
 
-    rows = read_map_rows(map_case, csv_path)
-    path = write_map_report(map_case, rows, out, report_description(map_case.case))
+    path = rewrite_map_report(map_case, csv_path, out)
     print(f"wrote {path}")
     return 0

@@ -1,13 +1,13 @@
 """``python -m stability map``: train a map case's grid and bisections, then write its
-markdown and heatmaps (``stability.sweep.map``)."""
+markdown and heatmaps (``stability.explore.map``)."""
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
 
-from stability.commands.flags import add_run_flags, check_writable, show_progress
-from stability.commands.run import cluster_of, report_description
+from stability.commands.flags import add_run_flags, check_writable, run_options
+from stability.commands.run import cluster_of
 
 
 def add_map_parser(sub: argparse._SubParsersAction) -> None:
@@ -29,29 +29,19 @@ def add_map_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def map_command(args: argparse.Namespace) -> int:
-    from dataclasses import replace
+    from stability.explore.run import load_maps, map_and_report
 
-    from stability.report.map_report import write_map_report
-    from stability.sweep.map import load_map, run_map
-
-    maps = [load_map(path, args.overrides) for path in args.cases]  # all checked first
-    maps = [replace(m, case=replace(m.case, threads=args.threads)) for m in maps]
-    if args.jit_compile:
-        maps = [replace(m, case=replace(m.case, jit_compile=True)) for m in maps]
+    maps = load_maps(args.cases, args.overrides, args.threads, args.jit_compile)
     cluster = cluster_of([m.case for m in maps], args)
     try:
         check_writable(args.out)
         for m in maps:
-            rows = run_map(
+            path = map_and_report(
                 m,
                 args.out,
-                progress=show_progress(args),
-                resume=args.resume,
-                overwrite=args.overwrite,
-                workers=args.workers,
                 cluster=cluster,
+                **run_options(args),
             )
-            path = write_map_report(m, rows, args.out, report_description(m.case))
             print(f"wrote {args.out / (m.name + '.csv')} and {path}")
     finally:
         if cluster is not None:

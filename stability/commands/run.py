@@ -8,9 +8,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from stability.commands.flags import add_run_flags, check_writable, show_progress
+from stability.commands.flags import add_run_flags, check_writable, run_options
 from stability.core.errors import StabilityError
-from stability.core.limits import exp_limits
+from stability.report.description import report_description
 
 if TYPE_CHECKING:
     from stability.sweep.cases import Case
@@ -76,11 +76,8 @@ def run_cases(cases: Sequence[Case], args: argparse.Namespace) -> None:
             run_case(
                 case,
                 args.out,
-                progress=show_progress(args),
-                resume=args.resume,
-                overwrite=args.overwrite,
-                workers=args.workers,
                 cluster=cluster,
+                **run_options(args),
             )
             # The markdown follows the whole CSV: resumed runs and other processes' runs too.
             with folder_lock(args.out):
@@ -112,30 +109,3 @@ def cluster_of(cases: Sequence[Case], args: argparse.Namespace) -> RayCluster | 
 
     modules = variant_modules([name for case in cases for name in case.variants])
     return RayCluster.connect(args.address, args.cpus_per_run, [*modules, *args.plugin])
-
-
-def xla_note(dtype: str) -> str:
-    """The note a report of a case trained under XLA opens with: its rows do not say so.
-
-    XLA rewrites the softmax division's gradient ``(-x / y) / y`` as ``-x / (y * y)``, so
-    ``y * y`` flushes to 0 at half the logit where ``y`` itself does (``tests/test_xla.py``).
-    """
-    limits = exp_limits(dtype)
-    return (
-        f"Trained with `jit_compile` (XLA) on padded batches. XLA rewrites arithmetic: in "
-        f"{dtype}, the naive softmax's gradient fails once a node's logits are all below "
-        f"-{limits.underflow / 2:.2f}, half of the -{limits.underflow:.2f} where it fails "
-        f"without XLA (docs/findings.md), so these rows are not comparable with a run "
-        f"without XLA. The Risk lines and plots below still draw the limits without XLA."
-    )
-
-
-def report_description(case: Case) -> str:
-    text = f"{xla_note(case.dtype)}\n\n{case.description}" if case.jit_compile else case.description
-    return f"{text}\n\n{overrides_note(case)}" if case.overrides else text
-
-
-def overrides_note(case: Case) -> str:
-    """The report's line saying which settings the command line changed (``--set``)."""
-    flags = " ".join(f"`--set {override}`" for override in case.overrides)
-    return f"Settings changed on the command line, over the case file: {flags}."

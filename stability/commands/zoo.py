@@ -1,13 +1,14 @@
 """``python -m stability zoo``: every bug of the zoo through the harness, the doctor and the
-tools people use today, scored against the bugs' ground truth (``stability.sweep.zoo``)."""
+tools people use today, scored against the bugs' ground truth (``stability.zoo.run``)."""
 
 from __future__ import annotations
 
 import argparse
 import sys
+from functools import partial
 from pathlib import Path
 
-from stability.commands.flags import add_progress_flag, check_writable, positive_int, show_progress
+from stability.commands.flags import add_progress_flag, check_writable, positive_int, run_options
 
 
 def add_zoo_parser(sub: argparse._SubParsersAction) -> None:
@@ -38,21 +39,16 @@ def add_zoo_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def zoo_command(args: argparse.Namespace) -> int:
-    from stability.report.zoo_report import write_zoo_report
-    from stability.sweep.zoo import run_zoo
+    from stability.doctor.run import doctor_many
+    from stability.zoo.report import write_zoo_report, zoo_command_line
+    from stability.zoo.run import bug_names, run_zoo
 
     check_writable(args.out)
-    names = [n.strip() for n in (args.bugs or "").split(",") if n.strip()]
-    entries = run_zoo(
-        args.out / "zoo",
-        names=names,
-        workers=args.workers,
-        progress=show_progress(args),
-        resume=args.resume,
-        overwrite=args.overwrite,
-        on_stage=lambda text: print(f"zoo: {text}", file=sys.stderr),
-    )
-    shown = "python -m stability zoo" + (f" --bugs {','.join(names)}" if names else "")
-    csv_path, md_path = write_zoo_report(entries, args.out, shown)
+    names = bug_names(args.bugs)
+    say = lambda text: print(f"zoo: {text}", file=sys.stderr)  # noqa: E731
+    # The zoo scores the doctor without importing it: the two features meet here.
+    doctor = partial(doctor_many, **run_options(args), on_stage=say)
+    entries = run_zoo(args.out / "zoo", doctor, names=names, **run_options(args), on_stage=say)
+    csv_path, md_path = write_zoo_report(entries, args.out, zoo_command_line(names))
     print(f"wrote {md_path} and {csv_path}")
     return 0

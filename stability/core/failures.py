@@ -10,7 +10,7 @@ the one place a cause is derived from a row.
 A row without a ``failure_cause`` column (an older CSV) is read from the columns it has:
 ``failure_kind`` names the silent failures (attention weights not summing to 1, a non-finite
 gradient masked by the transform), and otherwise a ``first_nan_epoch`` means a non-finite
-value: a forward one is read by its op as issue 12's C11b rule reads it (the softmax's
+value: a forward one is read by its op as the claims' *mechanism* rule reads it (the softmax's
 ``exp`` overflowed, its division computed 0/0 after every ``exp`` of a node underflowed),
 any other by its stage, as the cause rule reads a stage without evidence. Every cause read
 is one of ``CAUSES``.
@@ -73,7 +73,7 @@ NO_FAILURE = Cause.NONE.value
 #: Every value of ``failure_cause``: the one vocabulary of causes.
 CAUSES = tuple(cause.value for cause in Cause)
 
-#: Every value of ``failure_kind`` (``FAILURE_KINDS`` of the trainer).
+#: Every value of ``failure_kind``.
 KINDS = tuple(kind.value for kind in Kind)
 
 #: Causes that are failures without a NaN or Inf anywhere in the step (issue 11).

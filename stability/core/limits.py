@@ -21,6 +21,9 @@ import numpy as np
 
 from stability.core.errors import StabilityError
 
+#: The float dtypes whose limits ``exp_limits`` gives, narrowest first.
+FLOAT_DTYPES = ("float16", "float32", "float64")
+
 
 @dataclass(frozen=True)
 class ExpLimits:

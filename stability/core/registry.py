@@ -62,6 +62,10 @@ class Registry(Generic[T]):
             raise NameNotFound(self.kind, name, self._entries)
         return self._entries[name]
 
+    def entries(self) -> list[T]:
+        """Every entry, in the order registered."""
+        return list(self._entries.values())
+
     def names(self, filter: str | None = None) -> list[str]:
         """Registered names in order, optionally those containing ``filter``."""
         return [n for n in sorted(self._entries) if filter is None or filter in n]

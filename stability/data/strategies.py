@@ -27,9 +27,9 @@ from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument
 from hypothesis.extra.numpy import arrays
 
+from stability.compat.hypothesis_engine import draw
 from stability.core.errors import StabilityError
 from stability.data.graphs import Graph
-from stability.data.hypothesis_engine import draw
 from stability.data.registry import Dataset
 
 T = TypeVar("T")

@@ -6,13 +6,6 @@ from ``stability.testing`` (or ``stability.testing.conformance``) instead.
 
 import warnings
 
-from stability.model.softmax_inputs import (
-    DTYPES,
-    SoftmaxInput,
-    reference_gradient,
-    reference_softmax,
-    softmax_inputs,
-)
 from stability.testing.conformance import (
     ConformanceReport,
     PropertyResult,
@@ -29,6 +22,13 @@ from stability.testing.implementation import (
 )
 from stability.testing.profiles import PROFILE_NAMES, conformance_examples
 from stability.testing.properties import PROPERTIES
+from stability.testing.softmax_inputs import (
+    DTYPES,
+    SoftmaxInput,
+    reference_gradient,
+    reference_softmax,
+    softmax_inputs,
+)
 from stability.testing.tolerance import DEFAULT_ULPS, tolerance_text
 
 warnings.warn(

@@ -1,37 +1,45 @@
-"""The doctor's model remedies: changes to a built variant's recipe, each under a name, so
-that a variant with one applied is a variant too: ``raw_e+clip``, or with the layer a
-remedy acts in, ``my_gat+kernel_constraint@edge_attention``.
+"""The built-in remedies: every change the doctor makes without the user writing code, one
+decorated function each, in the order the doctor's report lists them. To add one, write its
+function here (or in your own module, as a plugin) under ``@model_remedy`` (a change of the
+built model, optimizer or gradients) or ``@case_remedy`` (a case key's new value), with the
+symptoms it is for and why, why not for the others, when it applies, and the code it stands
+for. docs/doctor.md's table is rendered from these (``stability.doctor.report.remedy_table``).
 
-Every remedy works on any Keras model and optimizer through public Keras APIs (an
+Every model remedy works on any Keras model and optimizer through public Keras APIs (an
 optimizer rebuilt from its config, a weight's ``constraint`` and ``regularizer``), except
 where it says which models it needs: the softmax and logit remedies act on layers that
 name a registered softmax or logit transform (``use_softmax``, ``use_logit_transform``, as
 the built-in ``AttentionMessagePassing`` does). A remedy that cannot act on a variant
 raises ``RemedyError``; the doctor reports it as not applicable, with that reason.
 
-Why each remedy can help which failure is the doctor's table (``stability.sweep.remedies``).
+The seed's controls ``grad_clip`` and ``weight_constrained`` (``stability.model.variants``)
+are built from the constants and pieces below (``SEED_CLIP``, ``seed_kernel_constraint``).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from functools import partial
 from typing import Any
 
 import keras
 import tensorflow as tf
 
-from stability.core.errors import RemedyError, StabilityError
-from stability.core.registry import Registry
-from stability.model.keras_layers import nested_layers
-from stability.model.recipe import BuildContext, Recipe, Variant
-
-#: What joins a variant's name and a remedy's in the name of the remedied variant.
-REMEDY_MARK = "+"
-
-#: What joins a remedy's name and the layer it acts in: ``kernel_constraint@message_passing_0``.
-LAYER_MARK = "@"
+from stability.compat.keras_layers import nested_layers
+from stability.core.errors import RemedyError
+from stability.core.failures import Cause
+from stability.core.limits import exp_limits
+from stability.model.recipe import BuildContext, Recipe
+from stability.model.remedy import (
+    DIVERGENCE,
+    HEADROOM,
+    CaseLike,
+    Target,
+    case_remedy,
+    model_remedy,
+)
 
 #: The seed's clipping (its grad_clip variant): Adam's clipnorm, then the global norm and
 #: the value of every gradient clipped in the gradient transform.
@@ -42,8 +50,23 @@ CLIPNORM, GLOBAL_NORM, CLIP_VALUE = 1.0, 1.0, 5.0
 ADAM_EPSILON = 1e-4
 #: The seed's accepted fix (its weight_constrained variant) on every kernel it constrains.
 MIN_NORM, MAX_NORM, L2 = 1e-30, 1.0, 1e-6
+#: Dividing the learning rate by this is the lower learning rate.
+LR_FACTOR = 10.0
+#: Multiplying the batch size by this is the larger batch.
+BATCH_FACTOR = 4
 
-Change = Callable[[Recipe, BuildContext, str | None], Recipe]
+_FORWARD_SYMPTOMS = (
+    Cause.FORWARD_OVERFLOW.value,
+    Cause.FORWARD_UNDERFLOW.value,
+    Cause.NORMALIZATION.value,
+    HEADROOM,
+)
+_F32, _F64 = exp_limits("float32"), exp_limits("float64")
+_EDGE_HELP = (
+    "the attention logits are made of the unscaled distance; on the scale of the other "
+    "inputs they start far from exp's limits"
+)
+_LOGIT_HELP = "bounds what reaches exp, so its result is neither inf nor 0"
 
 
 def clip_gradients(gradients: list[tf.Tensor], global_norm: float, value: float) -> list[tf.Tensor]:
@@ -52,69 +75,18 @@ def clip_gradients(gradients: list[tf.Tensor], global_norm: float, value: float)
     return [tf.clip_by_value(g, -value, value) for g in clipped]
 
 
-@dataclass(frozen=True)
-class ModelRemedy:
-    """One change to a built recipe. ``apply(recipe, ctx, layer)`` returns the changed recipe
-    (``layer``: the layer path after ``@``, or None); ``code`` is the change in a user's own
-    code it stands for, for the doctor's report."""
-
-    name: str
-    description: str
-    apply: Change
-    code: str
-    takes_layer: bool = False
+#: The seed's gradient transform: global norm, then value (grad_clip's and ``clip``'s).
+SEED_CLIP = partial(clip_gradients, global_norm=GLOBAL_NORM, value=CLIP_VALUE)
 
 
-_remedies: Registry[ModelRemedy] = Registry("model remedy")
+def seed_kernel_constraint() -> keras.constraints.Constraint:
+    """The seed's accepted kernel constraint (weight_constrained's and ``kernel_constraint``'s)."""
+    return keras.constraints.MinMaxNorm(min_value=MIN_NORM, max_value=MAX_NORM)
 
 
-def model_remedy(description: str, code: str, takes_layer: bool = False):
-    """Decorator: register a change of a built recipe as the model remedy of its name."""
-
-    def decorate(fn: Change) -> Change:
-        remedy = ModelRemedy(fn.__name__, description, fn, code, takes_layer)
-        _remedies.add(fn.__name__, remedy, owner=fn)
-        return fn
-
-    return decorate
-
-
-def get_model_remedy(name: str) -> ModelRemedy:
-    return _remedies.get(name)
-
-
-def list_model_remedies() -> list[str]:
-    return _remedies.names()
-
-
-def remedied_name(variant: str, remedy: str, layer: str | None = None) -> str:
-    """``raw_e+clip``, or ``raw_e+kernel_constraint@message_passing_0`` with a layer."""
-    suffix = f"{LAYER_MARK}{layer}" if layer else ""
-    return f"{variant}{REMEDY_MARK}{remedy}{suffix}"
-
-
-def remedied_variant(name: str, lookup: Callable[[str], Variant]) -> Variant:
-    """The variant ``base+remedy[@layer]``: ``base`` (found by ``lookup``, the registry's)
-    built as registered, then the remedy applied once its model is built
-    (``Variant.adjust``)."""
-    base_name, _, spec = name.partition(REMEDY_MARK)
-    remedy_name, _, layer = spec.partition(LAYER_MARK)
-    if not base_name or not remedy_name or REMEDY_MARK in spec:
-        raise StabilityError(
-            f"variant {name!r}: a remedied variant is VARIANT{REMEDY_MARK}REMEDY, one remedy, "
-            f"of: {', '.join(list_model_remedies())}"
-        )
-    base = lookup(base_name)
-    remedy = get_model_remedy(remedy_name)
-    if layer and not remedy.takes_layer:
-        raise StabilityError(f"variant {name!r}: remedy {remedy_name!r} takes no {LAYER_MARK}layer")
-
-    def adjust(recipe: Recipe, ctx: BuildContext) -> Recipe:
-        changed = base.adjust(recipe, ctx) if base.adjust is not None else recipe
-        return remedy.apply(changed, ctx, layer or None)
-
-    description = f"{base.description}; doctor's remedy: {remedy.description}"
-    return Variant(name, description, base.build, adjust)
+def seed_kernel_regularizer() -> keras.regularizers.Regularizer:
+    """The seed's accepted kernel regularizer (weight_constrained's and ``kernel_constraint``'s)."""
+    return keras.regularizers.L2(L2)
 
 
 def rebuilt_optimizer(optimizer: keras.optimizers.Optimizer, **changes: Any):
@@ -124,10 +96,23 @@ def rebuilt_optimizer(optimizer: keras.optimizers.Optimizer, **changes: Any):
     return type(optimizer).from_config(config)
 
 
+# --- the optimizer -------------------------------------------------------------------------
+
+
 @model_remedy(
-    "the seed's gradient clipping: clipnorm 1, then global norm 1 and value 5",
-    "keras.optimizers.Adam(learning_rate, clipnorm=1.0), and "
+    family="optimizer",
+    label="gradient clipping (the seed's: clipnorm 1, global norm 1, value 5)",
+    description="the seed's gradient clipping: clipnorm 1, then global norm 1 and value 5",
+    code="keras.optimizers.Adam(learning_rate, clipnorm=1.0), and "
     "tf.clip_by_global_norm(gradients, 1.0) with tf.clip_by_value(g, -5, 5) before the update",
+    helps={
+        Cause.GRADIENT_EXPLOSION.value: "bounds the step a huge gradient makes",
+        Cause.OPTIMIZER.value: "a bounded gradient keeps Adam's moments g and g*g finite",
+        DIVERGENCE: "bounds each update, so one bad batch cannot undo the training",
+    },
+    cannot="it acts on the gradients after the forward pass and the loss are computed; "
+    "no forward value changes, so the weights still drift to where the forward pass "
+    "fails",
 )
 def clip(recipe: Recipe, ctx: BuildContext, layer: str | None) -> Recipe:
     # Keras 3 takes one of clipnorm, clipvalue and global_clipnorm per optimizer, so the
@@ -135,9 +120,8 @@ def clip(recipe: Recipe, ctx: BuildContext, layer: str | None) -> Recipe:
     optimizer = rebuilt_optimizer(
         recipe.optimizer, clipnorm=CLIPNORM, clipvalue=None, global_clipnorm=None
     )
-    seed_clip = partial(clip_gradients, global_norm=GLOBAL_NORM, value=CLIP_VALUE)
     before = recipe.gradient_transform
-    transform = seed_clip if before is None else _then(before, seed_clip)
+    transform = SEED_CLIP if before is None else _then(before, SEED_CLIP)
     return replace(recipe, optimizer=optimizer, gradient_transform=transform)
 
 
@@ -149,9 +133,42 @@ def _then(first: Callable, second: Callable) -> Callable:
     return both
 
 
+def _takes_learning_rate(target: Target) -> str | None:
+    """A variant whose optimizer ignores the case's learning rate cannot be given a lower one."""
+    rate = target.recipe().optimizer.learning_rate
+    value = float(rate.numpy()) if hasattr(rate, "numpy") else None
+    if value is None or not math.isclose(value, target.learning_rate, rel_tol=1e-6):
+        return (
+            "the variant's optimizer does not take the case's learning rate "
+            "(BuildContext.learning_rate)"
+        )
+    return None
+
+
+@case_remedy(
+    key="learning_rates",
+    family="optimizer",
+    label=f"learning rate divided by {LR_FACTOR:g}",
+    code=f"keras.optimizers.Adam(learning_rate / {LR_FACTOR:g}), or learning_rates in the case",
+    helps={DIVERGENCE: "smaller steps keep the optimizer from overshooting"},
+    cannot="every step is scaled alike, so the weights drift to the same failing place "
+    f"{LR_FACTOR:g} times more slowly: it can delay that failure, not remove it",
+    applies=_takes_learning_rate,
+)
+def lower_lr(case: CaseLike) -> tuple[float, ...]:
+    return tuple(lr / LR_FACTOR for lr in case.learning_rates)
+
+
 @model_remedy(
-    f"Adam's epsilon raised to {ADAM_EPSILON:g}",
-    f"keras.optimizers.Adam(learning_rate, epsilon={ADAM_EPSILON:g})",
+    family="optimizer",
+    label="a larger Adam epsilon",
+    description=f"Adam's epsilon raised to {ADAM_EPSILON:g}",
+    code=f"keras.optimizers.Adam(learning_rate, epsilon={ADAM_EPSILON:g})",
+    helps={
+        Cause.OPTIMIZER.value: "bounds the update m / (sqrt(v) + eps) where v is ~0",
+        Cause.MASKED_GRADIENT.value: "bounds the update where a masked gradient left v ~0",
+    },
+    cannot="it changes only the update's denominator, not a forward value or a gradient",
 )
 def adam_epsilon(recipe: Recipe, ctx: BuildContext, layer: str | None) -> Recipe:
     config = recipe.optimizer.get_config()
@@ -162,11 +179,154 @@ def adam_epsilon(recipe: Recipe, ctx: BuildContext, layer: str | None) -> Recipe
     return replace(recipe, optimizer=rebuilt_optimizer(recipe.optimizer, epsilon=ADAM_EPSILON))
 
 
+# --- the batch size and the dtype ------------------------------------------------------------
+
+
+def _batch_fits(target: Target) -> str | None:
+    train = len(target.data_after()[0].train)
+    if target.after.batch_sizes[0] >= train:
+        return f"the training set has only {train} graphs"
+    return None
+
+
+@case_remedy(
+    key="batch_sizes",
+    family="batch size",
+    label=f"batch size times {BATCH_FACTOR}",
+    code=f"batch_sizes {BATCH_FACTOR} times larger in the case",
+    helps={
+        DIVERGENCE: "the gradient is averaged over more graphs, so it is less noisy",
+        Cause.GRADIENT_EXPLOSION.value: "averaging over more graphs damps one graph's "
+        "huge gradient",
+    },
+    cannot="averaging over more graphs changes the gradient's noise, not what one "
+    "graph's forward pass computes: a graph that overflows still does in a larger batch",
+    applies=_batch_fits,
+)
+def larger_batch(case: CaseLike) -> tuple[int, ...]:
+    return tuple(b * BATCH_FACTOR for b in case.batch_sizes)
+
+
+def _not_float64(target: Target) -> str | None:
+    return "the case already trains in float64" if target.before.dtype == "float64" else None
+
+
+@case_remedy(
+    key="dtype",
+    family="dtype",
+    label="float64",
+    code='dtype = "float64" in the case (every layer in float64)',
+    helps={
+        Cause.FORWARD_OVERFLOW.value: f"exp overflows at {_F64.overflow:.2f} instead of "
+        f"float32's {_F32.overflow:.2f}",
+        Cause.FORWARD_UNDERFLOW.value: f"exp reaches 0 below -{_F64.underflow:.2f} "
+        f"instead of float32's -{_F32.underflow:.2f}",
+        Cause.LOSS.value: "the loss overflows at 1.8e308 instead of 3.4e38",
+        Cause.OPTIMIZER.value: "g*g overflows at |g| = 1.3e154 instead of 1.8e19",
+        HEADROOM: "moves every limit the run came near far away",
+    },
+    cannot="more range does not change what the model computes: a value that keeps "
+    "growing reaches float64's limits too",
+    applies=_not_float64,
+)
+def float64(case: CaseLike) -> str:
+    return "float64"
+
+
+# --- the data ----------------------------------------------------------------------------
+
+
+def _no_edge_transform(target: Target) -> str | None:
+    if target.before.edge_transform != "none":
+        return f"the case already has edge_transform = {target.before.edge_transform!r}"
+    return None
+
+
+_EDGE_LEFT = "a failure that does not start from the distances' scale is left as it was"
+#: What the two edge remedies share: the case key, the symptoms and why, the predicate.
+_EDGES = {
+    "key": "edge_transform",
+    "family": "data",
+    "helps": dict.fromkeys(_FORWARD_SYMPTOMS, _EDGE_HELP),
+    "applies": _no_edge_transform,
+}
+
+
+@case_remedy(
+    **_EDGES,
+    label="edge distances standardized with the training set's mean and std",
+    code="e = (e - mean) / std with the training set's mean and std, before the model",
+    cannot=f"it rescales one input; {_EDGE_LEFT}",
+)
+def standardized_e(case: CaseLike) -> str:
+    return "standardized"
+
+
+@case_remedy(
+    **_EDGES,
+    label="edge distances squashed by a sigmoid",
+    code="e = sigmoid(e) before the model",
+    cannot=f"it bounds one input; {_EDGE_LEFT}",
+)
+def squashed_e(case: CaseLike) -> str:
+    return "squashed"
+
+
+def _has_isolated_nodes(target: Target) -> str | None:
+    """Self-loops are for nodes without an incoming edge; on data without one they would
+    change every aggregation and give no node a neighbour it lacked."""
+    if target.before.self_loops:
+        return "the case already has self_loops = true"
+    if not any(d.isolated_nodes for d in target.data_before()):
+        return "every node of the data already has an incoming edge"
+    return None
+
+
+@case_remedy(
+    key="self_loops",
+    family="data",
+    label="an edge from every node to itself (distance 0)",
+    code="g = dgl.add_self_loop(g), or self_loops = true in the case",
+    helps=dict.fromkeys(
+        (
+            Cause.FORWARD_OVERFLOW.value,
+            Cause.FORWARD_UNDERFLOW.value,
+            Cause.NORMALIZATION.value,
+            Cause.NONFINITE_GRADIENT_OP.value,
+        ),
+        "a node without an incoming edge aggregates an empty set: degree 0 (deg^-1/2 "
+        "is inf), the lowest float as its segment max, 0 as its softmax denominator or "
+        "sum of exponentials; with a self-loop no neighbourhood is empty",
+    ),
+    cannot="it gives nodes without an incoming edge a neighbour; a failure that does "
+    "not start from an empty neighbourhood is left as it was",
+    applies=_has_isolated_nodes,
+)
+def self_loops(case: CaseLike) -> bool:
+    return True
+
+
+# --- the model ---------------------------------------------------------------------------
+
+
 @model_remedy(
-    f"MinMaxNorm({MIN_NORM:g}, {MAX_NORM:g}) and l2({L2:g}) on the kernels of the Dense "
-    "layers inside the failing layer (the seed's accepted fix)",
-    "keras.layers.Dense(..., kernel_constraint=keras.constraints.MinMaxNorm(1e-30, 1.0), "
+    family="model",
+    label="MinMaxNorm(1e-30, 1) and l2(1e-6) on the Dense kernels in the failing layer",
+    description=f"MinMaxNorm({MIN_NORM:g}, {MAX_NORM:g}) and l2({L2:g}) on the kernels of the "
+    "Dense layers inside the failing layer (the seed's accepted fix)",
+    code="keras.layers.Dense(..., kernel_constraint=keras.constraints.MinMaxNorm(1e-30, 1.0), "
     "kernel_regularizer=keras.regularizers.L2(1e-6))",
+    helps={
+        **dict.fromkeys(
+            _FORWARD_SYMPTOMS,
+            "a kernel of norm at most 1 bounds each logit by the norm of its input "
+            "(the seed's accepted fix)",
+        ),
+        Cause.GRADIENT_EXPLOSION.value: "bounded kernels bound the activations the "
+        "gradient is made of",
+        DIVERGENCE: "bounded kernels cannot run away",
+    },
+    cannot="it bounds the kernels, not the inputs or the ops after them",
     takes_layer=True,
 )
 def kernel_constraint(recipe: Recipe, ctx: BuildContext, layer: str | None) -> Recipe:
@@ -177,8 +337,8 @@ def kernel_constraint(recipe: Recipe, ctx: BuildContext, layer: str | None) -> R
     for found in dense:
         # A built weight takes a constraint and a regularizer through public setters: the
         # optimizer applies the constraint after each update, the model's losses add the l2.
-        found.kernel.constraint = keras.constraints.MinMaxNorm(MIN_NORM, MAX_NORM)
-        found.kernel.regularizer = keras.regularizers.L2(L2)
+        found.kernel.constraint = seed_kernel_constraint()
+        found.kernel.regularizer = seed_kernel_regularizer()
     return recipe
 
 
@@ -208,10 +368,30 @@ def _switch(model: keras.Layer, method: str, name: str, attribute: str) -> int:
     return switched
 
 
+def _switch(model: keras.Layer, method: str, name: str, attribute: str) -> int:
+    """Call ``method(name)`` on every layer that has it and uses another; how many did."""
+    switched = 0
+    for layer in [model, *nested_layers(model)]:
+        if callable(getattr(layer, method, None)) and getattr(layer, attribute, None) != name:
+            getattr(layer, method)(name)
+            switched += 1
+    return switched
+
+
 @model_remedy(
-    "the softmax that subtracts each node's largest logit before exp",
-    "alpha = exp(a - max_i a) / sum exp(a - max_i a): "
+    family="model",
+    label="the max-subtracted softmax",
+    description="the softmax that subtracts each node's largest logit before exp",
+    code="alpha = exp(a - max_i a) / sum exp(a - max_i a): "
     "a - tf.gather(tf.math.unsorted_segment_max(a, receivers, num_nodes), receivers)",
+    helps={
+        Cause.FORWARD_OVERFLOW.value: "every exp argument is <= 0, so exp cannot overflow",
+        Cause.FORWARD_UNDERFLOW.value: "each node's largest term is exactly 1, so no "
+        "denominator is 0",
+        Cause.NORMALIZATION.value: "each node's largest term is exactly 1, so its weights sum to 1",
+        HEADROOM: "exp never sees the raw logit",
+    },
+    cannot="it changes the softmax only: a failure elsewhere stays",
 )
 def stable_softmax(recipe: Recipe, ctx: BuildContext, layer: str | None) -> Recipe:
     if not _switch(recipe.model, "use_softmax", "stable", "softmax"):
@@ -223,8 +403,12 @@ def stable_softmax(recipe: Recipe, ctx: BuildContext, layer: str | None) -> Reci
 
 
 @model_remedy(
-    "every attention logit bounded as 5 tanh(logit / 5) before the softmax",
-    "a = 5.0 * tf.tanh(a / 5.0) before exp",
+    family="model",
+    label="attention logits bounded by 5 tanh(logit / 5)",
+    description="every attention logit bounded as 5 tanh(logit / 5) before the softmax",
+    code="a = 5.0 * tf.tanh(a / 5.0) before exp",
+    helps=dict.fromkeys(_FORWARD_SYMPTOMS, _LOGIT_HELP),
+    cannot="it bounds the attention logits only: a failure elsewhere stays",
 )
 def tanh_cap(recipe: Recipe, ctx: BuildContext, layer: str | None) -> Recipe:
     if not _switch(recipe.model, "use_logit_transform", "tanh_cap", "logit_transform"):

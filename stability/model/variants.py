@@ -28,7 +28,13 @@ from stability.core.registry import Registry
 from stability.model.losses import robust_loss
 from stability.model.network import GraphNetwork
 from stability.model.recipe import BuildContext, GradientTransform, Loss, Recipe, Variant
-from stability.model.remedies import REMEDY_MARK, clip_gradients, remedied_variant
+from stability.model.remedies import (
+    CLIPNORM,
+    SEED_CLIP,
+    seed_kernel_constraint,
+    seed_kernel_regularizer,
+)
+from stability.model.remedy import REMEDY_MARK, remedied_variant
 
 __all__ = [  # Recipe and its kin are defined in stability.model.recipe and named here too
     "BuildContext",
@@ -153,10 +159,11 @@ def normalized_e(ctx: BuildContext) -> Recipe:
 @register_variant
 def weight_constrained(ctx: BuildContext) -> Recipe:
     """Net kernel with MinMaxNorm(1e-30, 1.0) and l2(1e-6) (the seed's accepted fix)"""
+    # The doctor's kernel_constraint remedy, on Net's kernel only (stability.model.remedies).
     return create_recipe(
         ctx,
-        net_kernel_constraint=keras.constraints.MinMaxNorm(min_value=1e-30, max_value=1.0),
-        net_kernel_regularizer=keras.regularizers.L2(1e-6),
+        net_kernel_constraint=seed_kernel_constraint(),
+        net_kernel_regularizer=seed_kernel_regularizer(),
     )
 
 
@@ -183,11 +190,9 @@ def grad_clip(ctx: BuildContext) -> Recipe:
     """Adam clipnorm=1, clipvalue=5, plus global-norm clipping 1.0 (control; seed: fails)"""
     # Keras 3 accepts only one of clipnorm/clipvalue on an optimizer, so Adam keeps clipnorm
     # and the clipvalue=5 of the seed's Adam runs in the gradient transform, after the
-    # seed's tf.clip_by_global_norm(gradients, 1.0).
+    # seed's tf.clip_by_global_norm(gradients, 1.0): the doctor's clip remedy, built in.
     return create_recipe(
-        ctx,
-        optimizer_options={"clipnorm": 1.0},
-        gradient_transform=partial(clip_gradients, global_norm=1.0, value=5.0),
+        ctx, optimizer_options={"clipnorm": CLIPNORM}, gradient_transform=SEED_CLIP
     )
 
 

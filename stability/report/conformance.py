@@ -9,8 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from stability.core.limits import exp_limits
-from stability.model.softmax_inputs import DTYPES
+from stability.core.limits import FLOAT_DTYPES, exp_limits
 from stability.testing.conformance import ConformanceReport
 from stability.testing.finite_range import span_text
 from stability.testing.properties import PROPERTIES
@@ -43,7 +42,7 @@ def conformance_markdown(
                 + " | ".join(cells)
                 + " |"
             )
-    dtypes = sorted({d for r in reports for d in r.finite_logits}, key=DTYPES.index)
+    dtypes = sorted({d for r in reports for d in r.finite_logits}, key=FLOAT_DTYPES.index)
     if dtypes:
         lines += [
             "",

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from stability.core.failures import Kind
+from stability.core.failures import Kind, failure_cause
 
 #: A setting of a case: one variant at one learning rate and batch size.
 SETTING_KEYS = ("learning_rate", "batch_size", "variant")
@@ -119,12 +119,11 @@ class Setting:
         return tuple(sorted(set(self.rows.loc[self.training_nan, "first_nan_op"].dropna())))
 
     def causes(self) -> tuple[str, ...]:
-        """The ``failure_cause`` of the runs' first failures in training, sorted; empty for
-        rows written before the column existed (issue 21)."""
-        if "failure_cause" not in self.rows:
-            return ()
-        found = self.rows.loc[self.training_nan, "failure_cause"].dropna()
-        return tuple(sorted({c for c in found if isinstance(c, str) and c}))
+        """The causes of the runs' first failures in training, sorted, each read by
+        ``core.failures.failure_cause`` (rows older than the ``failure_cause`` column
+        included)."""
+        failed = self.rows.loc[self.training_nan]
+        return tuple(sorted({failure_cause(row) for _, row in failed.iterrows()}))
 
     @property
     def stayed_finite(self) -> bool:

@@ -19,8 +19,9 @@ from stability.model.variants import get_variant
 from stability.sweep.cases import Case
 from stability.sweep.settings import per_run
 from stability.sweep.store import RUN_KEY, RunStore, run_key
+from stability.train.config import TrainConfig
 from stability.train.threads import LAYOUT, can_train_here
-from stability.train.trainer import TrainConfig, Trainer
+from stability.train.trainer import Trainer
 
 if TYPE_CHECKING:
     from stability.sweep.ray_executor import RayCluster

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from stability.data.edge_transform import EDGE_TRANSFORMS
-from stability.train.trainer import DTYPES, TrainConfig
+from stability.train.config import DTYPES, TrainConfig
 
 _NO_DEFAULT = object()
 

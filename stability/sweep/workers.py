@@ -38,7 +38,7 @@ from stability.data import Dataset
 if TYPE_CHECKING:
     # Not at run time: a spawned worker imports this module before start_worker can
     # silence TensorFlow's start-up notices, and the trainer imports TensorFlow.
-    from stability.train.trainer import TrainConfig
+    from stability.train.config import TrainConfig
 
 #: (data set, variant name, config) of one run, as ``runner.run_case`` lists them.
 RunConfig = tuple[Dataset, str, "TrainConfig"]

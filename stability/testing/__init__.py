@@ -9,7 +9,6 @@ The adapters for public softmaxes (TF-GNN, Spektral, jraph) are imported only wh
 """
 
 from stability.data.strategies import datasets, edge_distances, graphs
-from stability.model.softmax_inputs import SoftmaxInput, softmax_inputs
 from stability.testing.assertions import assert_finite, assert_normalized, assert_runs_finite
 from stability.testing.conformance import (
     ConformanceReport,
@@ -33,6 +32,7 @@ from stability.testing.profiles import (
 )
 from stability.testing.properties import PROPERTIES
 from stability.testing.small_case import SMALL_CASE
+from stability.testing.softmax_inputs import SoftmaxInput, softmax_inputs
 from stability.testing.tolerance import DEFAULT_ULPS
 
 __all__ = [

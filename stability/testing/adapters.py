@@ -19,8 +19,8 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from stability.model.softmax_inputs import SoftmaxInput
 from stability.testing.implementation import Implementation, from_tensorflow
+from stability.testing.softmax_inputs import SoftmaxInput
 
 
 def from_jax(fn: Callable[..., Any], *, name: str | None = None) -> Implementation:

@@ -2,7 +2,7 @@
 
 ``check_segment_softmax(fn)`` checks a segment softmax ``fn(logits, segment_ids,
 num_segments)`` (``[num_edges]``, ``[num_edges]``, an int; returns ``[num_edges]`` in the
-logits' dtype) on the inputs of ``stability.model.softmax_inputs``: logits up to and past
+logits' dtype) on the inputs of ``stability.testing.softmax_inputs``: logits up to and past
 where ``exp`` overflows and underflows, empty and single-edge segments, ties, duplicate
 edges and, with ``mask=True`` (``fn(logits, segment_ids, num_segments, mask)``), masked
 entries. Each property (``stability.testing.properties``) is its own Hypothesis search, so
@@ -28,7 +28,6 @@ from hypothesis import HealthCheck, Verbosity, given, settings
 from hypothesis.errors import Flaky
 
 from stability.core.errors import StabilityError
-from stability.model.softmax_inputs import DTYPES, SoftmaxInput, softmax_inputs
 from stability.testing.finite_range import finite_logits, span_text
 from stability.testing.implementation import (
     ConformanceError,
@@ -40,6 +39,7 @@ from stability.testing.implementation import (
 from stability.testing.paragraph import describe_input, error_text
 from stability.testing.profiles import conformance_examples, profile_name
 from stability.testing.properties import CHECKS, GRADIENT_PROPERTIES, PROPERTIES
+from stability.testing.softmax_inputs import DTYPES, SoftmaxInput, softmax_inputs
 from stability.testing.tolerance import DEFAULT_ULPS, tolerance_text
 
 

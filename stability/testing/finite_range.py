@@ -12,10 +12,10 @@ from typing import Any
 
 import numpy as np
 
-from stability.model.softmax_inputs import SoftmaxInput
 from stability.testing.assertions import nonfinite
 from stability.testing.implementation import Implementation
 from stability.testing.properties import outputs
+from stability.testing.softmax_inputs import SoftmaxInput
 
 
 def _finite_at(impl: Implementation, x: SoftmaxInput) -> bool:

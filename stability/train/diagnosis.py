@@ -22,18 +22,14 @@ from stability.core.failures import Cause, Failure, Kind, Stage
 from stability.core.results import RunResult
 from stability.data import Dataset
 from stability.data.graphs import GraphBatch
-from stability.model.variants import Recipe
+from stability.model.recipe import Recipe
 from stability.train.cause import failure_cause
 from stability.train.checks import nonfinite_weight_site, normalization_site
 from stability.train.config import TrainConfig, storage_dtype
 from stability.train.forward import forward
 from stability.train.guard import StepReport, stage_of
-from stability.train.replay import (
-    NanSite,
-    replay_forward,
-    replay_step,
-    xla_gradient_site,
-)
+from stability.train.replay import replay_forward, replay_step, xla_gradient_site
+from stability.train.site import NanSite
 from stability.train.step import apply_update, total_loss
 from stability.train.tape import transform_name
 from stability.train.update_replay import replay_update

@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from stability.train.site import NanSite
-from stability.train.tape import TRANSFORM_SCOPE
-from stability.train.tf_private import (
+from stability.compat.tf_private import (
     GRADIENT_SCOPE,
     error_first_input,
     error_node,
@@ -19,6 +17,8 @@ from stability.train.tf_private import (
     is_gradient_op,
     strip_uniquifier,
 )
+from stability.train.site import NanSite
+from stability.train.tape import TRANSFORM_SCOPE
 
 #: Name scope around the loss in a replay, so that ops there are reported as ``loss``.
 LOSS_SCOPE = "stability_loss"

@@ -7,6 +7,13 @@ the same through the same public seam (an ``Optimizer`` subclass whose ``apply``
 update to ``guard_step``, which decides whether the update runs. Everything else (the
 variables, the step count, the learning rate, the loss scale) is the inner optimizer's, so
 the wrapper can be put on a compiled model for one ``fit`` and taken off again.
+
+It serializes as ``LossScaleOptimizer`` does, with the inner optimizer nested under
+``inner_optimizer``, but loads as the inner optimizer alone: the guard is one ``fit``'s
+closure and cannot be saved, and a model saved while the sentinel watches (a
+``ModelCheckpoint`` mid-fit) should load with the user's own optimizer, whose state (the
+step count, the slots) is saved under the wrapper as the inner optimizer's variables, so
+that ``fit`` continues from it.
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ import keras
 GuardStep = Callable[[list, list, Callable[[list], Any]], None]
 
 
+@keras.saving.register_keras_serializable(package="stability")
 class GuardedOptimizer(keras.optimizers.Optimizer):
     """``inner`` with every ``apply`` passed through ``guard_step``.
 
@@ -68,4 +76,17 @@ class GuardedOptimizer(keras.optimizers.Optimizer):
         self.inner.finalize_variable_values(var_list)
 
     def get_config(self) -> dict:
-        return self.inner.get_config()
+        # As LossScaleOptimizer's: not super().get_config(), whose fields are the inner's.
+        return {
+            "name": self.name,
+            "inner_optimizer": keras.saving.serialize_keras_object(self.inner),
+        }
+
+    @classmethod
+    def from_config(
+        cls, config: dict, custom_objects: dict | None = None
+    ) -> keras.optimizers.Optimizer:
+        """The inner optimizer, unguarded (see the module's docstring)."""
+        return keras.saving.deserialize_keras_object(
+            config["inner_optimizer"], custom_objects=custom_objects
+        )

@@ -26,7 +26,7 @@ from stability.core.errors import ModelError
 from stability.data import Dataset
 from stability.data.graphs import batch_graphs
 from stability.model.losses import prediction_need
-from stability.model.variants import Recipe
+from stability.model.recipe import Recipe
 from stability.train.config import storage_dtype
 from stability.train.forward import forward
 from stability.train.step import loss_predictions

@@ -25,8 +25,8 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from stability.compat.keras_layers import layer_names
 from stability.core.quiet import stderr_silenced
-from stability.model.keras_layers import layer_names
 from stability.train.failing_op import LOSS_SCOPE, failing_node, selected_away, site_from_error
 from stability.train.site import (
     DENOMINATOR,
@@ -34,26 +34,8 @@ from stability.train.site import (
     NanSite,
     OpEvidence,
     evidence_from,
-    what_happened,
 )
 from stability.train.tape import TRANSFORM_SCOPE, differentiate, transform_name
-
-__all__ = [  # the names other modules import from here
-    "LOSS_SCOPE",
-    "XLA_ONLY",
-    "NanSite",
-    "OpEvidence",
-    "evidence_from",
-    "first_check_error",
-    "loss_pair",
-    "one_off_traces",
-    "probe_op",
-    "replay_forward",
-    "replay_step",
-    "site_from_error",
-    "what_happened",
-    "xla_gradient_site",
-]
 
 
 def replay_step(

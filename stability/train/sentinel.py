@@ -48,6 +48,7 @@ from typing import Any
 import keras
 import tensorflow as tf
 
+from stability.compat.keras_private import COMPUTE_LOSS_ARGS
 from stability.core.failures import Cause, Failure
 from stability.core.results import NAN_FIELDS
 from stability.train import guard
@@ -56,7 +57,6 @@ from stability.train.diagnosis import name_failure, replayed_or_named
 from stability.train.forward import completed, forward, stats_dtype
 from stability.train.guard import REPORT_SIZE, StepReport
 from stability.train.guarded_optimizer import GuardedOptimizer
-from stability.train.keras_private import COMPUTE_LOSS_ARGS
 from stability.train.replay import replay_step, xla_gradient_site
 from stability.train.site import NanSite
 from stability.train.step import apply_update

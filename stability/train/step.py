@@ -8,7 +8,7 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from stability.model.variants import Recipe
+from stability.model.recipe import Recipe
 from stability.train import guard as step_guard
 from stability.train.checks import all_finite
 from stability.train.forward import forward, normalized, stats_dtype, watched_tensors

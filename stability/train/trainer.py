@@ -18,48 +18,24 @@ import numpy as np
 import tensorflow as tf
 
 from stability.core.environment import describe
-from stability.core.failures import KINDS, Cause, Failure, Kind, Stage
+from stability.core.failures import Cause, Failure, Kind, Stage
 from stability.core.results import EpochRecord, RunResult
 from stability.data import Dataset
 from stability.data.graphs import Graph, GraphBatch, batch_graphs, graph_label
 from stability.data.padding import Budget, budget_for, pad_batch
 from stability.data.prefetch import prefetched
-from stability.model.variants import BuildContext, Recipe, Variant
+from stability.model.recipe import BuildContext, Recipe, Variant
 from stability.train.config import (
-    DTYPES,
     TrainConfig,
-    default_dtype,
     seed_everything,
     storage_dtype,
 )
 from stability.train.diagnosis import Diagnosis, EpochStart, Rewind
-from stability.train.forward import forward
 from stability.train.guard import StepReport
 from stability.train.probe import probe
-from stability.train.run_summary import WARNING_MARGIN, finish, headroom_warning, summarize_epoch
+from stability.train.run_summary import finish, summarize_epoch
 from stability.train.step import input_signature, make_predict, make_train_step
 from stability.train.threads import LAYOUT, current, layout_name, require
-
-__all__ = [  # the names other modules import from here
-    "DTYPES",
-    "FAILURE_KINDS",
-    "WARNING_MARGIN",
-    "TrainConfig",
-    "Trainer",
-    "default_dtype",
-    "forward",
-    "headroom_warning",
-    "input_nan_result",
-    "input_signature",
-    "make_predict",
-    "make_train_step",
-    "new_result",
-    "seed_everything",
-    "storage_dtype",
-]
-
-#: What a run's first failure was (the ``failure_kind`` column; ``core.failures.Kind``).
-FAILURE_KINDS = KINDS
 
 
 class Trainer:

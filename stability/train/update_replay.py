@@ -11,12 +11,12 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from stability.compat.keras_private import is_slot_of, slot_name
+from stability.compat.tf_private import captured_handles, error_op_type
 from stability.train.failing_op import failing_node
-from stability.train.keras_private import is_slot_of, slot_name
 from stability.train.replay import first_check_error, loss_pair, one_off_traces, probe_op
 from stability.train.site import NanSite, what_happened
 from stability.train.tape import differentiate
-from stability.train.tf_private import captured_handles, error_op_type
 
 #: Ops that write a variable: where an optimizer's computed value lands.
 _WRITES = ("AssignAddVariableOp", "AssignSubVariableOp", "AssignVariableOp")

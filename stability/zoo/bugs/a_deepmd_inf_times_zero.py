@@ -31,7 +31,7 @@ import keras
 import tensorflow as tf
 
 from stability import Recipe, register_variant
-from stability.sweep.zoo_bug import ZooBug
+from stability.zoo.bug import ZooBug
 
 RCUT = 6.0  # the neighbour cutoff: edges beyond it are masked out of the softmax
 

@@ -30,7 +30,7 @@ import tensorflow as tf
 
 from stability import Recipe, register_variant
 from stability.data import Dataset, load_dataset, register_dataset
-from stability.sweep.zoo_bug import ZooBug
+from stability.zoo.bug import ZooBug
 
 
 @register_dataset

@@ -37,7 +37,7 @@ import keras
 import tensorflow as tf
 
 from stability import Recipe, register_variant
-from stability.sweep.zoo_bug import ZooBug
+from stability.zoo.bug import ZooBug
 
 
 def scatter_max(src, index, dim_size):

@@ -35,7 +35,7 @@ import tensorflow as tf
 from keras import ops as K
 
 from stability import Recipe, register_variant
-from stability.sweep.zoo_bug import ZooBug
+from stability.zoo.bug import ZooBug
 
 
 class MessagePassing(keras.layers.Layer):

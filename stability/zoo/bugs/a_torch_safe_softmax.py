@@ -29,7 +29,7 @@ import keras
 import tensorflow as tf
 
 from stability import Recipe, register_variant
-from stability.sweep.zoo_bug import ZooBug
+from stability.zoo.bug import ZooBug
 
 CUTOFF = 1.5  # edges longer than this are masked out of the attention
 

@@ -30,7 +30,7 @@ from keras import ops
 
 from stability import Recipe, register_variant
 from stability.data import Dataset, register_dataset
-from stability.sweep.zoo_bug import ZooBug
+from stability.zoo.bug import ZooBug
 from stability.zoo.bugs._molecules import molecule_graph
 
 VOCABULARY = ("H", "C", "N", "O", "F")

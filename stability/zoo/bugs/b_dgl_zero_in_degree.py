@@ -20,7 +20,7 @@ import keras
 import tensorflow as tf
 
 from stability import Recipe, register_variant
-from stability.sweep.zoo_bug import ZooBug
+from stability.zoo.bug import ZooBug
 
 
 class SAGEMaxPool(keras.layers.Layer):

@@ -26,7 +26,7 @@ import keras
 import tensorflow as tf
 
 from stability import Recipe, register_variant
-from stability.sweep.zoo_bug import ZooBug
+from stability.zoo.bug import ZooBug
 
 LOSS_SCALE = 2.0**15  # the initial scale of Keras' LossScaleOptimizer
 

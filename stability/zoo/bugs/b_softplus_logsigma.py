@@ -25,7 +25,7 @@ import keras
 import tensorflow as tf
 
 from stability import Recipe, register_variant
-from stability.sweep.zoo_bug import ZooBug
+from stability.zoo.bug import ZooBug
 
 
 def gaussian_nll(y_true, y_pred):

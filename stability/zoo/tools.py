@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass
 import keras
 import tensorflow as tf
 
-from stability.model.keras_layers import layer_names
+from stability.compat.keras_layers import layer_names
 from stability.model.variants import get_variant
 from stability.sweep.cases import load_case
 from stability.sweep.runner import case_datasets, run_configs

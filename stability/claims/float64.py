@@ -18,11 +18,20 @@ from dataclasses import dataclass, replace
 import numpy as np
 import pandas as pd
 
+from stability.claims.rules import Rules
+from stability.claims.stats import ClaimInputs
+from stability.claims.table import (
+    BY_ID,
+    CLAIM_TABLE,
+    MECHANISM,
+    NOT_RUN,
+    Verdict,
+    by_role,
+    family,
+    judge,
+)
 from stability.core.failures import failure_cause
 from stability.core.limits import exp_limits
-from stability.report.claim_rules import Rules
-from stability.report.claim_stats import ClaimInputs
-from stability.report.claims import BY_ID, CLAIM_TABLE, NOT_RUN, Verdict, judge
 
 #: The float64 seed case: its name (``cases/<name>.toml``, ``reports/<name>.csv``).
 CASE = "seed_float64"
@@ -268,7 +277,8 @@ def _count(runs: list[RawRun], total: int, noun: str = "") -> str:
 
 
 def _limits_part(runs: list[RawRun], dtype: str) -> str:
-    """C11 in float64: each raw_e failure's signed logits against exp's two lines."""
+    """The mechanism claims in float64: each raw_e failure's signed logits against exp's
+    two lines."""
     limits = exp_limits(dtype)
     over, under = limits.overflow, -limits.underflow
     table = pd.DataFrame(
@@ -288,7 +298,7 @@ def _limits_part(runs: list[RawRun], dtype: str) -> str:
     )
     failed = [r for r in runs if r.failed]
     lead = (
-        f"### C11 in float64: the failure against {QUOTES['overflow']}\n\n"
+        f"### {family(by_role(MECHANISM))} in float64: the failure against {QUOTES['overflow']}\n\n"
         f"{limits.dtype}'s `exp` overflows above {over:+.2f} (ln of its largest number) and a "
         f"node's whole segment flushes to 0 below {under:+.2f} (ln of its smallest normal "
         f"number), where the naive softmax computes 0/0 (`stability/core/limits.py`)."

@@ -24,10 +24,10 @@ from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument
 from hypothesis.extra.numpy import arrays
 
-from stability.core.limits import exp_limits
+from stability.core.limits import FLOAT_DTYPES, exp_limits
 
 #: The float dtypes a softmax is checked in, by name.
-DTYPES = ("float16", "float32", "float64")
+DTYPES = FLOAT_DTYPES
 _WIDTH = {"float16": 16, "float32": 32, "float64": 64}
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from stability.core.files import atomic_write_text
 from stability.data.npz import save_graphs
-from stability.sweep.hunt import Hunt
+from stability.explore.hunt import Hunt
 
 
 def found_name(hunt: Hunt) -> str:

@@ -2,70 +2,31 @@
 
 Each ``Claim`` of ``CLAIM_TABLE`` is declared once: its id, the seed's words, what the
 harness tests, what its rule reads (``Reads``: a case, a variant, the seed's setting or the
-setting the case varies) and its rule (``claim_rules``). ``judge`` computes every verdict
-from the rows of the claim cases (``cases/seed.toml``, ``cases/batch_size.toml``,
-``cases/learning_rate.toml``); the verdict comes with the numbers it was computed from.
-Nothing here knows an expected answer.
+setting the case varies), its rule (``claims.rules``), and where the rest of ``claims.md``
+reads it, its role (``by_role``) and its words in the summary: no other module writes a
+claim's id. ``judge`` computes every verdict from the rows of the claim cases
+(``cases/seed.toml``, ``cases/batch_size.toml``, ``cases/learning_rate.toml``); the verdict
+comes with the numbers it was computed from. Nothing here knows an expected answer.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from string import ascii_lowercase
 
-from stability.report import claim_rules as rule
-from stability.report.claim_rules import (
-    FORWARD_CAUSES,
-    STATED_EPOCHS,
+from stability.claims import rules as rule
+from stability.claims.rules import (
     Rule,
     Rules,
-    avoids,
-    best_avoider,
-    delays,
-    hits,
-    mechanism,
-    timing_phrase,
-    worse_mae,
 )
-from stability.report.claim_stats import (
+from stability.claims.stats import (
     REFERENCE,
     ClaimInputs,
     SeedReading,
-    Stats,
     SweepReading,
     seed_reading,
-    setting_stats,
     sweep_reading,
 )
-
-#: With the names this module held before the rules and stats moved out, which callers import.
-__all__ = [
-    "BY_ID",
-    "CLAIMS",
-    "CLAIM_TABLE",
-    "FORWARD_CAUSES",
-    "NOT_REPRODUCED",
-    "NOT_RUN",
-    "REFERENCE",
-    "REPRODUCED",
-    "SEED_CLAIMS",
-    "STATED_EPOCHS",
-    "TESTS",
-    "Claim",
-    "ClaimInputs",
-    "Reads",
-    "Rules",
-    "Stats",
-    "Verdict",
-    "avoids",
-    "best_avoider",
-    "delays",
-    "hits",
-    "judge",
-    "mechanism",
-    "setting_stats",
-    "timing_phrase",
-    "worse_mae",
-]
 
 REPRODUCED, NOT_REPRODUCED, NOT_RUN = "reproduced", "not reproduced", "not run"
 
@@ -100,7 +61,18 @@ class Claim:
     tested: str
     reads: Reads
     rule: Rule
+    #: What the rest of ``claims.md`` reads this claim for (one of ``ROLES``), if anything:
+    #: the summary and the float64 section find a claim by its role, never by its id.
+    role: str = ""
+    #: The claim's own words in the summary of ``claims.md`` (``claims.report.summary``).
+    summary: str = ""
 
+
+#: The roles of the claims the rest of ``claims.md`` reads: where raw_e's first failure is,
+#: its mechanism, and the optimizer-side remedies the seed tried in a sweep (in the order
+#: the summary names them).
+WHERE, MECHANISM, LOWER_RATE, LARGER_BATCH = "where", "mechanism", "lower rate", "larger batch"
+ROLES = (WHERE, MECHANISM, LOWER_RATE, LARGER_BATCH)
 
 #: What several claims read: the seed case's raw_e; raw_e across the batch sizes; across
 #: the learning rates.
@@ -140,6 +112,8 @@ CLAIM_TABLE: tuple[Claim, ...] = (
         "raw_e at each larger batch does not avoid the NaN",
         BATCH,
         rule.still_fails_across,
+        role=LARGER_BATCH,
+        summary="a larger batch",
     ),
     Claim(
         "C3",
@@ -195,6 +169,8 @@ CLAIM_TABLE: tuple[Claim, ...] = (
         "raw_e at each lower learning rate does not avoid the NaN",
         RATE,
         rule.still_fails_across,
+        role=LOWER_RATE,
+        summary="a lower learning rate",
     ),
     Claim(
         "C9",
@@ -218,6 +194,8 @@ CLAIM_TABLE: tuple[Claim, ...] = (
         "where: raw_e's first non-finite value is in the forward softmax",
         SEED,
         rule.in_forward_softmax,
+        role=WHERE,
+        summary=", in the forward softmax and not in the gradients",
     ),
     Claim(
         "C11b",
@@ -226,6 +204,7 @@ CLAIM_TABLE: tuple[Claim, ...] = (
         "mechanism: it is an exp overflow",
         SEED,
         rule.exp_overflow,
+        role=MECHANISM,
     ),
 )
 
@@ -235,6 +214,23 @@ CLAIMS: dict[str, str] = {c.id: c.quote for c in CLAIM_TABLE}  # id -> the seed'
 TESTS: dict[str, str] = {c.id: c.tested for c in CLAIM_TABLE}  # id -> what is tested
 #: The claims that read the seed case (at the seed's batch size and learning rate).
 SEED_CLAIMS: tuple[str, ...] = tuple(c.id for c in CLAIM_TABLE if c.reads.case == "seed")
+
+
+def by_role(role: str) -> Claim:
+    """The claim of ``CLAIM_TABLE`` with role ``role`` (one of ``ROLES``)."""
+    found = [c for c in CLAIM_TABLE if c.role == role]
+    if len(found) != 1:
+        raise ValueError(f"{len(found)} claims have role {role!r}; one of {ROLES} has one each")
+    return found[0]
+
+
+def family(claim: Claim) -> str:
+    """The claim's number without its letter: ``C11`` of ``C11a`` and ``C11b``."""
+    return claim.id.rstrip(ascii_lowercase)
+
+
+#: The claims' ids as a range: the first's number to the last's.
+ID_RANGE = f"{family(CLAIM_TABLE[0])}-{family(CLAIM_TABLE[-1])}"
 
 
 @dataclass(frozen=True)

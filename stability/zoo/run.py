@@ -1,11 +1,13 @@
 """The zoo run: every bug of ``stability/zoo/bugs`` through the harness and the doctor, and
-through the tools people use today (``zoo_tools``), for ``python -m stability zoo``.
+through the tools people use today (``stability.zoo.tools``), for ``python -m stability zoo``.
 
 A bug is a case file there, ``<name>.toml``, whose plugin module defines the bug's variant,
-its data where it needs its own, and ``BUG``, its ground truth (``zoo_bug.ZooBug``). The
-harness's run of a bug is the doctor's original run; every bug's runs train in one sweep
-(all originals, then all remedies), so ``--workers`` stay busy across bugs. Each bug's
-runs go to ``<out>/zoo/<name>.doctor/`` as ordinary stores, so ``--resume`` works.
+its data where it needs its own, and ``BUG``, its ground truth (``stability.zoo.bug``). The
+harness's run of a bug is the doctor's original run. The doctor is given, not imported (a
+feature never imports another): the command line passes ``doctor_many``, which trains every
+bug's runs in one sweep (all originals, then all remedies), so ``--workers`` stay busy
+across bugs. Each bug's runs go to ``<out>/zoo/<name>.doctor/`` as ordinary stores, so
+``--resume`` works.
 """
 
 from __future__ import annotations
@@ -15,19 +17,22 @@ import sys
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
+from importlib import resources
 from pathlib import Path
+from typing import Any
 
 from tqdm.auto import tqdm
 
 from stability.core.errors import StabilityError
 from stability.sweep.cases import Case, load_case
-from stability.sweep.doctor import DoctorRun, begin, conclude, train_trials
 from stability.sweep.workers import start_worker, variant_modules
-from stability.sweep.zoo_bug import ZooBug
-from stability.sweep.zoo_tools import TOOLS, tool_run
+from stability.zoo.bug import ZooBug
+from stability.zoo.tools import TOOLS, tool_run
 
-#: Where the bugs' case files and modules are, in the installed package.
-BUGS = Path(__file__).resolve().parent.parent / "zoo" / "bugs"
+#: Where the bugs' case files and modules are: the package data of ``stability.zoo.bugs``,
+#: found by ``importlib.resources`` wherever the package is installed. (A bug is loaded as a
+#: case file whose plugin is a ``.py`` path, so the package must be on a file system.)
+BUGS = Path(str(resources.files("stability.zoo.bugs")))
 
 
 @dataclass
@@ -37,13 +42,18 @@ class ZooEntry:
     path: Path
     case: Case
     bug: ZooBug
-    doctor: DoctorRun | None = None
+    doctor: Any = None  # the doctor's run of the bug (``Doctor``)
     tools: dict[str, dict] = field(default_factory=dict)
 
 
 def bug_files(folder: Path = BUGS) -> list[Path]:
     """The zoo's case files, in name order."""
     return sorted(folder.glob("*.toml"))
+
+
+def bug_names(text: str | None) -> list[str]:
+    """``--bugs a,b`` as a list of names; none given, all bugs."""
+    return [n.strip() for n in (text or "").split(",") if n.strip()]
 
 
 def load_bug(path: Path) -> ZooEntry:
@@ -63,8 +73,16 @@ def load_bug(path: Path) -> ZooEntry:
     return ZooEntry(path, case, bug)
 
 
+#: The doctor the zoo scores: ``doctor(requests)`` doctors every ``(case, variant, out)`` and
+#: returns one run each, with ``finding``, ``trials`` and ``recommended()`` (what
+#: ``stability.zoo.report`` reads). The command line passes the doctor's ``doctor_many``; the
+#: zoo does not import the doctor, so the two features stay apart.
+Doctor = Callable[[Sequence[tuple[Case, str, Path]]], Sequence[Any]]
+
+
 def run_zoo(
     out: Path,
+    doctor: Doctor,
     names: Sequence[str] = (),
     workers: int = 1,
     progress: bool = True,
@@ -84,16 +102,9 @@ def run_zoo(
                 f"--bugs: no zoo bug {unknown[0]!r}; the zoo has {', '.join(sorted(known))}"
             )
         entries = [e for e in entries if e.bug.name in names]
-    for entry in entries:
-        entry.doctor = begin(entry.case, entry.bug.variant, out / f"{entry.case.name}.doctor")
-    say(f"training {len(entries)} bugs")
-    doctors = [e.doctor for e in entries]
-    train_trials([d.original for d in doctors], progress, resume, overwrite, workers, None, "bugs")
-    for doctor in doctors:
-        conclude(doctor)
-    trials = [t for d in doctors for t in d.trials]
-    say(f"rerunning {sum(t.case is not None for t in trials)} remedies")
-    train_trials(trials, progress, resume, overwrite, workers, None, "remedies", tolerate=True)
+    requests = [(e.case, e.bug.variant, out / f"{e.case.name}.doctor") for e in entries]
+    for entry, run in zip(entries, doctor(requests), strict=True):
+        entry.doctor = run
     say(f"running {', '.join(TOOLS)} on {len(entries)} bugs")
     run_tools(entries, workers, progress)
     return entries

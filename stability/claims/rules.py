@@ -16,12 +16,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from stability.claims.stats import SeedReading, Stats, SweepReading
+from stability.claims.stats import number as _number
 from stability.core.failures import Cause
 from stability.core.limits import exp_limits
-from stability.report.claim_stats import SeedReading, Stats, SweepReading
-from stability.report.claim_stats import number as _number
+from stability.report.verdicts import DELAY_FACTOR
+from stability.report.verdicts import delays as delays_rule
 
-#: The seed's "after about 30 epochs" (C1b).
+#: The seed's "after about 30 epochs" (the *about N epochs* rule's N).
 STATED_EPOCHS = 30
 
 #: The failure causes of a forward failure (``stability.core.failures.Cause``).
@@ -35,12 +37,15 @@ class Rules:
     """The verdict rules; their text is printed at the top of the claims report."""
 
     avoid_budget_factor: float = 3.0
-    delay_factor: float = 1.5
+    delay_factor: float = DELAY_FACTOR
     worse_mae_margin: float = 0.10
     #: "after about N epochs" holds when the measured median is within this factor of N.
     timing_factor: float = 1.5
 
-    def text(self) -> str:
+    def text(self, where: str = "", mechanism: str = "") -> str:
+        """The rules in words; ``where`` and ``mechanism`` are the ids of the claims those
+        two rules judge (``claims.table.by_role``), named beside them when given."""
+        where, mechanism = (f" ({i})" if i else "" for i in (where, mechanism))
         return (
             f"- **NaN only**: every rule reads the runs' first failures (a non-finite value, or "
             f"attention weights not summing to 1, or a masked non-finite gradient) and their "
@@ -65,12 +70,12 @@ class Rules:
             f"- **worse MAE**: the median final MAE is at least "
             f"{self.worse_mae_margin:.0%} higher than that of the best variant that avoids "
             f"the NaN (lowest median final MAE among the avoiders).\n"
-            f"- **where** (C11a): the first non-finite value of every failing `raw_e` run is in "
+            f"- **where**{where}: the first non-finite value of every failing `raw_e` run is in "
             f"the forward stage, at an op of the attention softmax (`softmax_exp` or "
             f"`softmax_div`), and its failure cause is a forward one, not a gradient "
             f'explosion, a loss or an optimizer failure (docs/findings.md, "Reading the '
             f'failure cause").\n'
-            f"- **mechanism** (C11b): read off the failure cause: every failing `raw_e` run a "
+            f"- **mechanism**{mechanism}: read off the failure cause: every failing `raw_e` run a "
             f"`forward overflow` (an `exp` returned inf) or every one a `forward underflow "
             f"(0/0)` (every `exp` into a node flushed to 0 and the division computed 0/0). Rows "
             f"older than the cause column are read by their op: the softmax's `exp` is an "
@@ -108,8 +113,8 @@ def delays(stats: Stats, reference: Stats, rules: Rules, unit: str = "epoch") ->
         return None
     median = float(np.median(values))
     if math.isinf(median):  # most runs outlived the budget: later than the budget
-        return True if budget >= rules.delay_factor * base else None
-    return median >= rules.delay_factor * base
+        return True if delays_rule(budget, base, rules.delay_factor) else None
+    return delays_rule(median, base, rules.delay_factor)
 
 
 def worse_mae(stats: Stats, best: float, rules: Rules) -> bool | None:
@@ -149,20 +154,22 @@ def timing_phrase(s: Stats, reference: Stats, rules: Rules, name: str = "raw_e")
 
 
 def mechanism(raw: Stats) -> str | None:
-    """ "overflow", "underflow" or None (another cause, or a mix), by the C11b rule."""
-    if raw.causes:
-        if raw.causes == (Cause.FORWARD_OVERFLOW.value,):
-            return "overflow"
-        if raw.causes == (Cause.FORWARD_UNDERFLOW.value,):
-            return "underflow"
-        return None
-    if not raw.ops or raw.wheres != ("forward",):
-        return None
-    if all("softmax_exp" in op for op in raw.ops):
+    """ "overflow", "underflow" or None (another cause, or a mix), by the *mechanism* rule:
+    read off the failing runs' causes (``core.failures.read_cause``, which reads a row older
+    than the cause column by its op)."""
+    if raw.causes == (Cause.FORWARD_OVERFLOW.value,):
         return "overflow"
-    if all("softmax_div" in op for op in raw.ops):
+    if raw.causes == (Cause.FORWARD_UNDERFLOW.value,):
         return "underflow"
     return None
+
+
+#: What ``mechanism`` found, in the summary's words.
+MECHANISM_WORDS = {
+    "overflow": "exp overflowed to inf",
+    "underflow": "every exp into a node flushed to 0 and the division computed 0/0",
+    None: "the mechanism is neither the softmax's exp nor its division",
+}
 
 
 def _softmax_ops(raw: Stats) -> bool:

@@ -1,7 +1,7 @@
 """The hunt: find data on which a variant fails, in few trainings, by climbing its headroom.
 
 GRIST (FSE 2021) follows the gradient of a failing op's argument back to the program's
-inputs. The hunt does the same on the harness's own statistics (``stability.sweep.headroom``):
+inputs. The hunt does the same on the harness's own statistics (``stability.explore.headroom``):
 
 1. train the variant on the current data, an ordinary guarded run of the case's settings;
 2. if the run failed, that data is found (with ``soonest``, go on for an earlier failure);
@@ -34,9 +34,7 @@ import numpy as np
 from stability.core.errors import StabilityError
 from stability.core.results import RunResult
 from stability.data.graphs import Graph, batch_graphs
-from stability.model.variants import Recipe, get_variant
-from stability.sweep.cases import Case
-from stability.sweep.headroom import (
+from stability.explore.headroom import (
     FORWARD_LIMITS,
     LIMITS,
     Margin,
@@ -45,10 +43,15 @@ from stability.sweep.headroom import (
     model_margins,
     run_margin,
 )
-from stability.sweep.hunt_space import HuntSpace, graph_statistics
+from stability.explore.hunt_space import HuntSpace, graph_statistics
+from stability.model.recipe import Recipe
+from stability.model.variants import get_variant
+from stability.sweep.cases import Case
 from stability.sweep.runner import build_variants, run_configs
+from stability.train.config import TrainConfig, storage_dtype
+from stability.train.forward import forward
 from stability.train.threads import pin
-from stability.train.trainer import TrainConfig, Trainer, forward, storage_dtype
+from stability.train.trainer import Trainer
 
 STRATEGIES = ("directed", "plain")
 #: The first step, as a share of the bounds' log range (a quarter: 0.52 in the seed's [0.5, 4)).

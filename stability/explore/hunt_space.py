@@ -18,10 +18,10 @@ from typing import Any
 
 import numpy as np
 
+from stability.compat.hypothesis_engine import draw
 from stability.core.errors import StabilityError
 from stability.data import Dataset, load_dataset
 from stability.data.graphs import Graph
-from stability.data.hypothesis_engine import draw
 from stability.data.strategies import attention_target, graphs
 from stability.sweep.cases import Case
 

@@ -1,5 +1,5 @@
 """The doctor: train a variant, name its first failure, rerun the same seeds with every
-remedy of the table (``stability.sweep.remedies``) and judge each by the written rule.
+registered remedy (``stability.model.remedies``) and judge each by the written rule.
 
 1. **The failure.** The variant trains on the case (its first batch size and learning rate,
    the seeds asked for) as ``run`` would. A run's *failure epoch* is its first failure's
@@ -29,11 +29,19 @@ from typing import TYPE_CHECKING
 from stability.core.errors import RemedyError, StabilityError
 from stability.core.failures import Cause, read_cause
 from stability.data import Dataset
+from stability.doctor.remedies import candidate, case_for
+from stability.model.recipe import Recipe
+from stability.model.remedy import DIVERGENCE, HEADROOM, Remedy, list_remedies
 from stability.model.variants import get_variant
+from stability.report.verdicts import (
+    DELAYS,
+    DOES_NOT_HELP,
+    FIXES,
+    NOT_APPLICABLE,
+    delays,
+)
 from stability.sweep.cases import Case
-from stability.sweep.remedies import DIVERGENCE, HEADROOM, REMEDIES, Remedy, candidate, case_for
 from stability.sweep.runner import (
-    build_variants,
     check_same_data,
     config_key,
     execute_runs,
@@ -51,16 +59,10 @@ if TYPE_CHECKING:
 
 #: The rerun budget is at least this many times the latest original failure epoch.
 BUDGET_FACTOR = 3
-#: A remedy delays a failure when its median failure epoch is at least this many times the
-#: original's.
-DELAY_FACTOR = 1.5
 
 #: The variant as it is: the trial whose runs the failure is read from.
-ORIGINAL = Remedy("original", "original", "the variant as it is", lambda *args: {}, "")
+ORIGINAL = Remedy("original", "original", "the variant as it is", "")
 
-FIXES, DELAYS, DOES_NOT_HELP, NOT_APPLICABLE = "fixes", "delays", "does not help", "not applicable"
-#: Every verdict, best first.
-VERDICTS = (FIXES, DELAYS, DOES_NOT_HELP, NOT_APPLICABLE)
 
 Row = Mapping[str, str]
 
@@ -107,7 +109,7 @@ def verdict(
     if all(e is None for e in remedied) and not any(warned):
         return FIXES
     before = median_epoch(original)
-    if math.isfinite(before) and median_epoch(remedied) >= DELAY_FACTOR * before:
+    if math.isfinite(before) and delays(median_epoch(remedied), before):
         return DELAYS
     return DOES_NOT_HELP
 
@@ -224,15 +226,15 @@ def diagnosed_case(case: Case, variant: str, seeds: Sequence[int] | None) -> Cas
 
 def plan(run: DoctorRun, candidates: Sequence[str] = ()) -> list[Trial]:
     """Every remedy's trial on the diagnosed case, each checked by building its variant on
-    the data (``build_variants``): one that cannot apply gets its reason, and no runs."""
+    the data (``_check_applies``): one that cannot apply gets its reason, and no runs."""
     base = replace(run.original.case, epochs=run.budget)
     stem = run.case.name
     trials = []
-    for remedy in (*REMEDIES, *(candidate(name) for name in candidates)):
+    for remedy in (*list_remedies(), *(candidate(name) for name in candidates)):
         name = f"{stem}__{remedy.name.replace(':', '_')}"
         try:
             remedied = case_for(remedy, base, run.variant, run.finding.layer, name)
-            _check_applies(remedy, remedied)
+            _check_applies(remedy, base, remedied)
         except RemedyError as exc:
             trials.append(Trial(remedy, None, run.original.folder, str(exc)))
             continue
@@ -262,40 +264,48 @@ def case_datasets(case: Case) -> list[Dataset]:
     return _BUILT[key]
 
 
-def _check_applies(remedy: Remedy, case: Case) -> None:
-    """Build the remedied variant on the remedied data, as its first run would."""
-    datasets = case_datasets(case)
-    if remedy.name == "larger_batch" and case.batch_sizes[0] >= len(datasets[0].train):
-        raise RemedyError(f"the training set has only {len(datasets[0].train)} graphs")
-    if remedy.name == "self_loops":
-        _check_has_isolated_nodes(replace(case, self_loops=False))
-    try:
-        build_variants(case, datasets[0])
-    except StabilityError as exc:
-        prefix = f"variant {case.variants[0]!r} cannot be built: "
-        raise RemedyError(str(exc).removeprefix(prefix)) from None
-    if remedy.name == "lower_lr":
-        _check_takes_learning_rate(case, datasets[0])
+@dataclass
+class _Target:
+    """A remedy's trial as its predicate sees it (``stability.model.remedy.Target``): the
+    case before and after the remedy, their data (each built once), and the remedied
+    variant built on the first data set as its first run would be."""
+
+    before: Case
+    after: Case
+    _recipe: Recipe | None = None
+
+    @property
+    def learning_rate(self) -> float:
+        (_, config), *_ = run_configs(self.after)
+        return config.learning_rate
+
+    def data_before(self) -> list[Dataset]:
+        return case_datasets(self.before)
+
+    def data_after(self) -> list[Dataset]:
+        return case_datasets(self.after)
+
+    def recipe(self) -> Recipe:
+        """The remedied variant, built once (``RemedyError``, saying why, when it cannot be)."""
+        if self._recipe is None:
+            (variant, config), *_ = run_configs(self.after)
+            try:
+                self._recipe = Trainer(get_variant(variant), self.data_after()[0], config).build()
+            except StabilityError as exc:
+                raise RemedyError(str(exc)) from None
+            except Exception as exc:  # the user's builder code: any error is a bad variant
+                raise RemedyError(f"{type(exc).__name__}: {exc}") from exc
+        return self._recipe
 
 
-def _check_has_isolated_nodes(case: Case) -> None:
-    """Self-loops are for nodes without an incoming edge; on data without one they would
-    change every aggregation and give no node a neighbour it lacked."""
-    if not any(d.isolated_nodes for d in case_datasets(case)):
-        raise RemedyError("every node of the data already has an incoming edge")
-
-
-def _check_takes_learning_rate(case: Case, dataset: Dataset) -> None:
-    """A variant whose optimizer ignores the case's learning rate cannot be given a lower one."""
-    (variant, config), *_ = run_configs(case)
-    recipe = Trainer(get_variant(variant), dataset, config).build()
-    rate = recipe.optimizer.learning_rate
-    value = float(rate.numpy()) if hasattr(rate, "numpy") else None
-    if value is None or not math.isclose(value, config.learning_rate, rel_tol=1e-6):
-        raise RemedyError(
-            "the variant's optimizer does not take the case's learning rate "
-            "(BuildContext.learning_rate)"
-        )
+def _check_applies(remedy: Remedy, before: Case, after: Case) -> None:
+    """Ask ``remedy`` whether it applies (its own predicate), then build the remedied
+    variant on the remedied data, as its first run would."""
+    target = _Target(before, after)
+    reason = remedy.why_not(target)
+    if reason is not None:
+        raise RemedyError(reason)
+    target.recipe()
 
 
 def train_trials(
@@ -376,7 +386,7 @@ def begin(case: Case, variant: str, out: Path, seeds: Sequence[int] | None = Non
     """A doctor of ``variant`` on ``case`` whose runs go to ``out``: its original trial,
     checked (built on the data), not yet trained."""
     original_case = diagnosed_case(case, variant, seeds)
-    _check_applies(ORIGINAL, original_case)
+    _check_applies(ORIGINAL, original_case, original_case)
     original = Trial(ORIGINAL, original_case, out)
     return DoctorRun(case, variant, original, find([]))
 
@@ -421,3 +431,25 @@ def doctor(
             run.trials, progress, resume, overwrite, workers, cluster, "remedies", tolerate=True
         )
     return run
+
+
+def doctor_many(
+    requests: Sequence[tuple[Case, str, Path]],
+    progress: bool = True,
+    resume: bool = False,
+    overwrite: bool = False,
+    workers: int = 1,
+    on_stage: Callable[[str], None] | None = None,
+) -> list[DoctorRun]:
+    """A doctor for each ``(case, variant, out)``, every doctor's runs in one sweep: all the
+    originals, then all the remedies, so ``workers`` stay busy across doctors (the zoo's)."""
+    say = on_stage or (lambda text: None)
+    runs = [begin(case, variant, out) for case, variant, out in requests]
+    say(f"training {len(runs)} bugs")
+    train_trials([r.original for r in runs], progress, resume, overwrite, workers, None, "bugs")
+    for run in runs:
+        conclude(run)
+    trials = [t for r in runs for t in r.trials]
+    say(f"rerunning {sum(t.case is not None for t in trials)} remedies")
+    train_trials(trials, progress, resume, overwrite, workers, None, "remedies", tolerate=True)
+    return runs

@@ -7,7 +7,7 @@ changes one fails a named test instead of misnaming a failure.
 - ``Model.train_step`` calls ``compute_loss(x, y, y_pred, sample_weight, ...)`` with these
   four positionally (``COMPUTE_LOSS_ARGS``), which ``NanSentinel`` reads.
 
-The walk over nested layers is the third (``stability.model.keras_layers``).
+The walk over nested layers is the third (``stability.compat.keras_layers``).
 """
 
 from __future__ import annotations

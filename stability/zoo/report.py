@@ -12,11 +12,11 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from stability.core.files import atomic_writer
-from stability.sweep.doctor import NOT_APPLICABLE
-from stability.sweep.zoo import ZooEntry
+from stability.report.verdicts import NOT_APPLICABLE
+from stability.zoo.run import ZooEntry
 
 #: The tools people use today, and the harness's own callback for ``fit``, by the prefix of
-#: their columns in ``zoo.csv`` (``zoo_tools.TOOLS``).
+#: their columns in ``zoo.csv`` (``stability.zoo.tools.TOOLS``).
 TOOL_NAMES = {
     "terminate_on_nan": "Keras TerminateOnNaN",
     "check_numerics": "tf.debugging.enable_check_numerics",
@@ -143,6 +143,11 @@ def sentinel_agrees(row: dict[str, str]) -> bool:
         row["reported_op"],
         row["reported_cause"],
     )
+
+
+def zoo_command_line(names: Sequence[str] = ()) -> str:
+    """The command that ran these bugs, as the scoreboard shows it."""
+    return "python -m stability zoo" + (f" --bugs {','.join(names)}" if names else "")
 
 
 def write_zoo_report(entries: Sequence[ZooEntry], out: Path, command: str) -> tuple[Path, Path]:

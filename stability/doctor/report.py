@@ -1,7 +1,7 @@
 """The doctor's report: ``<case>.doctor.csv``, one row per remedy, and ``<case>.doctor.md``,
 the failure, why the table calls for its remedies, what each did, and the fix to make.
 
-Every sentence is computed from the runs' rows (``stability.sweep.doctor``).
+Every sentence is computed from the runs' rows (``stability.doctor.run``).
 """
 
 from __future__ import annotations
@@ -14,17 +14,10 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from stability.core.files import atomic_writer
-from stability.sweep.doctor import (
-    BUDGET_FACTOR,
-    DELAY_FACTOR,
-    DELAYS,
-    FIXES,
-    NOT_APPLICABLE,
-    DoctorRun,
-    Trial,
-    median_epoch,
-)
-from stability.sweep.remedies import HEADROOM, REMEDIES, command
+from stability.doctor.remedies import command
+from stability.doctor.run import BUDGET_FACTOR, DoctorRun, Trial, median_epoch
+from stability.model.remedy import HEADROOM, list_remedies
+from stability.report.verdicts import DELAY_FACTOR, DELAYS, FIXES, NOT_APPLICABLE
 
 #: The columns of ``<case>.doctor.csv``.
 DOCTOR_FIELDS = (
@@ -288,18 +281,30 @@ def _fix(run: DoctorRun, rows: Sequence[dict[str, str]]) -> list[str]:
     return lines
 
 
+#: The comments around the rendered table in docs/doctor.md (``with_remedy_table``).
+TABLE_BEGIN = "<!-- remedy table: rendered by stability.doctor.report.remedy_table -->"
+TABLE_END = "<!-- end of the remedy table -->"
+
+
 def remedy_table() -> str:
     """The table of docs/doctor.md: every remedy, what it changes, and for which symptoms
-    the table expects it to help (and why), rendered from ``REMEDIES``."""
+    the table expects it to help (and why), rendered from the registry of remedies
+    (``stability.model.remedies``)."""
     rows = [
         "| remedy | family | what it changes | expected to help, and why | cannot help otherwise, "
         "because |",
         "| --- | --- | --- | --- | --- |",
     ]
-    for remedy in REMEDIES:
+    for remedy in list_remedies():
         helps = "; ".join(f"*{symptom}*: {why}" for symptom, why in remedy.helps.items())
         rows.append(
             f"| `{remedy.name}` | {remedy.family} | {remedy.label}; in code: {remedy.code} | "
             f"{helps} | {remedy.cannot} |"
         )
     return "\n".join(rows) + "\n"
+
+
+def with_remedy_table(doc: str) -> str:
+    """``doc`` (docs/doctor.md's text) with the table between its markers rendered again."""
+    start, end = doc.index(TABLE_BEGIN) + len(TABLE_BEGIN), doc.index(TABLE_END)
+    return f"{doc[:start]}\n{remedy_table()}\n{doc[end:]}"

@@ -1,4 +1,5 @@
-"""``reports/claims.md``: the rules, one row per claim, and a summary built from the verdicts.
+"""``reports/claims.md``: the rules, one row per claim, and a summary built from the verdicts;
+``write_claims`` judges the claim cases' CSVs and writes it (the ``claims`` command's logic).
 
 Every sentence here is assembled from the verdicts and the rows: a different outcome gives
 different words. The seed's words stand in quotes, verbatim; the harness's reading of each
@@ -8,13 +9,80 @@ claim is in its own column.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pandas as pd
 
-from stability.report.claim_rules import Rules, avoids, best_avoider, mechanism, timing_phrase
-from stability.report.claim_stats import ClaimInputs, SeedReading, seed_reading
-from stability.report.claims import BY_ID, NOT_REPRODUCED, NOT_RUN, REPRODUCED, Verdict
+from stability.claims.float64 import CASE as FLOAT64_CASE
+from stability.claims.float64 import float64_section
+from stability.claims.rules import (
+    MECHANISM_WORDS,
+    Rules,
+    avoids,
+    best_avoider,
+    mechanism,
+    timing_phrase,
+)
+from stability.claims.stats import CLAIM_CASES, ClaimInputs, SeedReading, seed_reading
+from stability.claims.table import (
+    BY_ID,
+    LARGER_BATCH,
+    LOWER_RATE,
+    MECHANISM,
+    NOT_REPRODUCED,
+    NOT_RUN,
+    REPRODUCED,
+    WHERE,
+    Verdict,
+    by_role,
+    judge,
+)
+from stability.core.files import atomic_write_text
 from stability.report.summary import settings
+from stability.report.writer import read_history, read_results
+
+if TYPE_CHECKING:
+    from stability.sweep.cases import Case
+
+
+def write_claims(out: Path, cases: Sequence[Case], rules: Rules | None = None) -> Path:
+    """Judge the claims from the CSVs in ``out`` of ``cases`` (the claim cases, in the order
+    of ``CLAIM_CASES``; a case without a CSV is *not run*) and write ``out/claims.md``, with
+    the float64 and molecules sections where their CSVs are in ``out``. Returns its path."""
+    from stability.sweep.runner import case_datasets
+
+    names = tuple(case.name for case in cases)
+    if names != CLAIM_CASES:
+        raise ValueError(f"the claim cases are {', '.join(CLAIM_CASES)}, not {', '.join(names)}")
+    frames = {case.name: _results(out / f"{case.name}.csv") for case in cases}
+    seed = cases[0]
+    inputs = ClaimInputs(
+        **frames,
+        train_graphs=len(case_datasets(seed)[0].train),
+        seed_batch_size=seed.batch_sizes[0],
+        seed_learning_rate=seed.learning_rates[0],
+    )
+    rules = rules or Rules()
+    verdicts = judge(inputs, rules)
+    molecules = molecules_section(_results(out / "g2_molecules.csv"))
+    float64 = float64_section(
+        _results(out / f"{FLOAT64_CASE}.csv"),
+        read_history(out / f"{FLOAT64_CASE}.history.csv"),
+        verdicts,
+        inputs,
+        rules,
+    )
+    path = out / "claims.md"
+    text = claims_markdown(verdicts, rules, summary(verdicts, inputs, rules), molecules, float64)
+    atomic_write_text(path, text)
+    return path
+
+
+def _results(path: Path) -> pd.DataFrame | None:
+    """A case's rows, None where its CSV is absent."""
+    return read_results(path) if path.exists() else None
 
 
 def claims_markdown(
@@ -41,12 +109,12 @@ def claims_markdown(
     parts = [
         "# The seed's claims, checked",
         "Every verdict below is computed from the rows of the claim cases' CSVs by these rules "
-        "(`stability/report/claim_rules.py`, one per claim of `CLAIM_TABLE` in "
-        "`stability/report/claims.py`), and every sentence of this page from the verdicts "
-        "and the rows (`stability/report/claims_report.py`). The seed's words are quoted "
+        "(`stability/claims/rules.py`, one per claim of `CLAIM_TABLE` in "
+        "`stability/claims/table.py`), and every sentence of this page from the verdicts "
+        "and the rows (`stability/claims/report.py`). The seed's words are quoted "
         "verbatim; the *tested* column is the harness's reading of each.",
         "## Rules",
-        rules.text(),
+        rules.text(by_role(WHERE).id, by_role(MECHANISM).id),
         f"## Verdicts ({tally})",
         table.to_markdown(index=False),
         "## What this means",
@@ -95,17 +163,12 @@ def _where(raw, by_id: dict[str, Verdict]) -> str:
         return "raw_e never hit a NaN, so where and how it fails is not known here."
     where = ", ".join(raw.wheres)
     ops = ", ".join(raw.ops) or "no named op"
-    found = mechanism(raw)
-    how = {
-        "overflow": "exp overflowed to inf",
-        "underflow": "every exp into a node flushed to 0 and the division computed 0/0",
-        None: "the mechanism is neither the softmax's exp nor its division",
-    }[found]
-    forward = by_id["C11a"].verdict == REPRODUCED
+    forward, how = (by_id[by_role(role).id] for role in (WHERE, MECHANISM))
     return (
         f"The first non-finite value of raw_e arose in the {where} stage at {ops}"
-        + (", in the forward softmax and not in the gradients" if forward else "")
-        + f" (C11a {by_id['C11a'].verdict}); there {how} (C11b {by_id['C11b'].verdict})."
+        + (by_role(WHERE).summary if forward.verdict == REPRODUCED else "")
+        + f" ({forward.id} {forward.verdict}); there {MECHANISM_WORDS[mechanism(raw)]} "
+        f"({how.id} {how.verdict})."
     )
 
 
@@ -116,8 +179,8 @@ def _remedies(stats: dict, raw, rules: Rules, by_id: dict[str, Verdict]) -> str:
     if clip is not None:
         outcome = "avoided the NaN" if avoids(clip, raw, rules) else "did not avoid the NaN"
         parts.append(f"gradient clipping (grad_clip) {outcome}: {timing_phrase(clip, raw, rules)}")
-    for claim, what in (("C8b", "a lower learning rate"), ("C2b", "a larger batch")):
-        verdict = by_id[claim]
+    for claim in (by_role(LOWER_RATE), by_role(LARGER_BATCH)):
+        verdict = by_id[claim.id]
         if verdict.verdict == NOT_RUN:
             continue
         avoided = verdict.verdict == NOT_REPRODUCED
@@ -126,10 +189,10 @@ def _remedies(stats: dict, raw, rules: Rules, by_id: dict[str, Verdict]) -> str:
             if avoided
             else "did not avoid the NaN in any setting tried"
         )
-        parts.append(f"{what} {outcome} ({claim} {verdict.verdict})")
+        parts.append(f"{claim.summary} {outcome} ({claim.id} {verdict.verdict})")
     if not parts:
         return ""
-    forward = by_id["C11a"].verdict == REPRODUCED
+    forward = by_id[by_role(WHERE).id].verdict == REPRODUCED
     lead = (
         "Since the NaN starts in the forward pass, the optimizer-side remedies can change when "
         "it comes, not where: "

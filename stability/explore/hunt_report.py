@@ -14,8 +14,8 @@ import pandas as pd
 
 from stability.core.files import atomic_write_text
 from stability.core.results import FIRST_NAN_FIELDS, RunResult
-from stability.sweep.found_case import found_name
-from stability.sweep.hunt import Hunt, Training
+from stability.explore.found_case import found_name
+from stability.explore.hunt import Hunt, Training
 
 #: The columns of ``<name>.hunt.csv``, in order.
 HUNT_FIELDS = (

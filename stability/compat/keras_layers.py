@@ -29,6 +29,6 @@ def nested_layers(layer: keras.Layer) -> list[keras.Layer]:
     if flatten is None:
         raise RuntimeError(
             f"keras {keras.__version__}: Layer.{PRIVATE_API} is gone; "
-            "stability.model.keras_layers needs a new way to walk nested layers"
+            "stability.compat.keras_layers needs a new way to walk nested layers"
         )
     return list(flatten(include_self=False))

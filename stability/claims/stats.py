@@ -36,7 +36,8 @@ class Stats:
     wheres: tuple[str, ...]
     ops: tuple[str, ...]
     dtype: str = "float32"
-    #: The failing runs' ``failure_cause`` values (empty for rows older than the column).
+    #: The failing runs' causes (``core.failures.failure_cause``: rows older than the
+    #: ``failure_cause`` column are read from the columns they have).
     causes: tuple[str, ...] = ()
 
     @property

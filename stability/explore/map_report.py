@@ -1,4 +1,4 @@
-"""The report of a robustness map (``stability.sweep.map``): ``<map>.md`` and two heatmaps.
+"""The report of a robustness map (``stability.explore.map``): ``<map>.md`` and two heatmaps.
 
 - ``<map>.md``: the boundary of every variant x distribution (replayed from the rows by
   the map's own bisection rule), the run counts of the grid and of the bisections, and a
@@ -26,8 +26,8 @@ from matplotlib.colors import LogNorm, Normalize
 
 from stability.core.failures import NO_FAILURE, failure_cause, is_silent
 from stability.core.files import atomic_write_text, atomic_writer
-from stability.sweep.bisection import FAILS_AT_LOW, FAILS_FROM, NEVER_FAILS, Boundary
-from stability.sweep.map import MapCase, MapRows, boundaries, grid_cells
+from stability.explore.bisection import FAILS_AT_LOW, FAILS_FROM, NEVER_FAILS, Boundary
+from stability.explore.map import MapCase, MapRows, boundaries, grid_cells
 
 #: The heatmaps: file suffix -> (CellStats attribute, title, colour map, value range).
 HEATMAPS = {

@@ -1,6 +1,6 @@
 """How far a run came from its dtype's limits, and which way the edge distances push it.
 
-The hunt (``stability.sweep.hunt``) climbs towards a failure on the harness's own
+The hunt (``stability.explore.hunt``) climbs towards a failure on the harness's own
 statistics. Every epoch's history row records how close the run came to each limit a float
 can break at:
 
@@ -37,8 +37,9 @@ from stability.core.failures import Cause
 from stability.core.limits import exp_limits
 from stability.core.results import EpochRecord, RunResult
 from stability.data.graphs import Graph, batch_graphs
-from stability.model.variants import Recipe
-from stability.train.trainer import forward, storage_dtype
+from stability.model.recipe import Recipe
+from stability.train.config import storage_dtype
+from stability.train.forward import forward
 
 #: The limits a margin is measured against, in the order ties are broken.
 LIMITS = ("exp underflow", "exp overflow", "gradient square", "logit", "loss exp")

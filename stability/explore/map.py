@@ -32,7 +32,7 @@ from stability.core.errors import CaseError
 from stability.core.failures import failed
 from stability.data.generated import drawn_with, generated_key
 from stability.data.strategies import NAMED_DISTRIBUTIONS
-from stability.sweep.bisection import Bisection, Boundary, bisect
+from stability.explore.bisection import Bisection, Boundary, bisect
 from stability.sweep.cases import (
     Case,
     apply_override,

@@ -1,0 +1,23 @@
+"""What a change did to a failure, in words shared by the doctor and the claims: the verdict
+words of a remedy and the one "delays" rule.
+
+A change *delays* a failure when the median failure epoch (or step) with the change is at
+least ``DELAY_FACTOR`` times the median without it. The doctor judges a remedy by it, and the
+claims judge "delayed gradient explosion" by it: one factor, one comparison.
+"""
+
+from __future__ import annotations
+
+#: A change delays a failure when its median failure epoch is at least this many times the
+#: reference's.
+DELAY_FACTOR = 1.5
+
+FIXES, DELAYS, DOES_NOT_HELP, NOT_APPLICABLE = "fixes", "delays", "does not help", "not applicable"
+#: Every verdict of a remedy, best first.
+VERDICTS = (FIXES, DELAYS, DOES_NOT_HELP, NOT_APPLICABLE)
+
+
+def delays(median: float, reference: float, factor: float = DELAY_FACTOR) -> bool:
+    """Whether a median failure epoch (or step) ``median`` is at least ``factor`` times the
+    reference's ``reference`` (``inf``: no failure within the budget, later than any)."""
+    return median >= factor * reference
