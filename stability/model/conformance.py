@@ -32,20 +32,23 @@ def __getattr__(name: str):
 
 #: The old module's names that ``stability.testing`` gives too, forwarded by ``__getattr__``.
 _FORWARDED = [
-    "DEFAULT_ULPS",
-    "PROPERTIES",
-    "ConformanceError",
+    # stability.testing.conformance
     "ConformanceReport",
-    "Implementation",
     "PropertyResult",
-    "SoftmaxInput",
-    "as_implementation",
     "assert_segment_softmax_conforms",
     "check_segment_softmax",
-    "finite_logits",
+    # stability.testing.implementation
+    "ConformanceError",
+    "Implementation",
+    "as_implementation",
     "from_numpy",
     "from_tensorflow",
+    # stability.testing.finite_range, .properties, .softmax_inputs, .tolerance
+    "finite_logits",
+    "PROPERTIES",
+    "SoftmaxInput",
     "softmax_inputs",
+    "DEFAULT_ULPS",
 ]
 __all__ = [
     *_FORWARDED,
