@@ -8,7 +8,7 @@ import warnings
 
 import stability.testing as _testing
 from stability.testing.finite_range import span_text
-from stability.testing.softmax_inputs import DTYPES, reference_gradient, reference_softmax
+from stability.testing.inputs import DTYPES, reference_gradient, reference_softmax
 from stability.testing.tolerance import tolerance_text
 
 warnings.warn(
