@@ -81,11 +81,11 @@ def test_the_old_conformance_path_warns_and_gives_the_same_objects(monkeypatch):
     assert len(shared) >= 10, shared
     for name in shared:
         assert getattr(old, name) is getattr(testing, name), name
-    from stability.testing import finite_range, softmax_inputs, tolerance
+    from stability.testing import finite_range, inputs, tolerance
 
     assert old.span_text is finite_range.span_text
     assert old.tolerance_text is tolerance.tolerance_text
-    assert old.DTYPES is softmax_inputs.DTYPES
+    assert old.DTYPES is inputs.DTYPES
     assert {p: testing.conformance_examples(p) for p in testing.PROFILE_NAMES} == old.PROFILES
 
 

@@ -7,7 +7,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from stability.commands.flags import add_run_flags, check_writable, show_progress
+from stability.commands.flags import add_case_argument, add_run_flags, check_writable, run_options
 from stability.core.errors import StabilityError
 
 #: Exit codes: a remedy fixed the failure (or there was none), no remedy did.
@@ -28,7 +28,7 @@ def add_doctor_parser(sub: argparse._SubParsersAction) -> None:
         "<out>/<case>.doctor/. Exit 0 when a remedy fixes the failure (or there is none), "
         "1 when none does, 2 on bad input.",
     )
-    doctor.add_argument("case", type=Path, metavar="CASE", help="a case TOML file")
+    add_case_argument(doctor)
     doctor.add_argument("--variant", required=True, help="the variant to doctor")
     doctor.add_argument(
         "--seeds",
@@ -72,12 +72,9 @@ def doctor_command(args: argparse.Namespace) -> int:
             runs,
             seeds=seeds,
             candidates=candidates,
-            progress=show_progress(args),
-            resume=args.resume,
-            overwrite=args.overwrite,
-            workers=args.workers,
             cluster=cluster,
             on_stage=lambda text: print(f"doctor: {text}", file=sys.stderr),
+            **run_options(args),
         )
     finally:
         if cluster is not None:

@@ -24,6 +24,11 @@ def add_plugin_flag(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_case_argument(parser: argparse.ArgumentParser) -> None:
+    """The one case a command works on (``doctor``, ``hunt``, ``spread``)."""
+    parser.add_argument("case", type=Path, metavar="CASE", help="a case TOML file")
+
+
 def add_set_flag(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--set",

@@ -8,6 +8,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from stability.commands.flags import add_case_argument
 from stability.core.errors import StabilityError
 
 
@@ -30,7 +31,7 @@ def add_hunt_parser(
         "<case>_hunt_<variant>.hunt.csv holds one row per training. Works on cases whose "
         "data set is synthetic or generated.",
     )
-    hunt.add_argument("case", type=Path, metavar="CASE", help="a case TOML file")
+    add_case_argument(hunt)
     hunt.add_argument("--variant", required=True, help="the variant to hunt a failure of")
     hunt.add_argument(
         "--budget",

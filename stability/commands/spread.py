@@ -7,6 +7,7 @@ import argparse
 from pathlib import Path
 
 from stability.commands.flags import (
+    add_case_argument,
     add_plugin_flag,
     add_progress_flag,
     add_set_flag,
@@ -28,7 +29,7 @@ def add_spread_parser(sub: argparse._SubParsersAction) -> None:
         "moved. compare and the headline test read <case>.spread.csv beside a baseline as "
         "the tolerance of a comparison across environments (docs/reports.md).",
     )
-    spread.add_argument("case", type=Path, metavar="CASE", help="a case TOML file")
+    add_case_argument(spread)
     spread.add_argument(
         "--layouts",
         type=_thread_counts,

@@ -1,35 +1,15 @@
 """Deprecated: the conformance suite moved to ``stability.testing.conformance``.
 
-This module re-exports its names from ``stability.testing`` and warns on import; import
+This module warns on import and forwards every name of ``stability.testing`` to it; import
 from ``stability.testing`` (or ``stability.testing.conformance``) instead.
 """
 
 import warnings
 
-from stability.testing.conformance import (
-    ConformanceReport,
-    PropertyResult,
-    assert_segment_softmax_conforms,
-    check_segment_softmax,
-)
-from stability.testing.finite_range import finite_logits, span_text
-from stability.testing.implementation import (
-    ConformanceError,
-    Implementation,
-    as_implementation,
-    from_numpy,
-    from_tensorflow,
-)
-from stability.testing.profiles import PROFILE_NAMES, conformance_examples
-from stability.testing.properties import PROPERTIES
-from stability.testing.softmax_inputs import (
-    DTYPES,
-    SoftmaxInput,
-    reference_gradient,
-    reference_softmax,
-    softmax_inputs,
-)
-from stability.testing.tolerance import DEFAULT_ULPS, tolerance_text
+import stability.testing as _testing
+from stability.testing.finite_range import span_text
+from stability.testing.inputs import DTYPES, reference_gradient, reference_softmax
+from stability.testing.tolerance import tolerance_text
 
 warnings.warn(
     "stability.model.conformance is deprecated; import from stability.testing "
@@ -40,27 +20,42 @@ warnings.warn(
 
 #: Examples per property under each profile, as this module's ``PROFILES`` gave them
 #: (now ``stability.testing.conformance_examples(profile)``).
-PROFILES = {name: conformance_examples(name) for name in PROFILE_NAMES}
+PROFILES = {name: _testing.conformance_examples(name) for name in _testing.PROFILE_NAMES}
 
-__all__ = [
-    "DEFAULT_ULPS",
-    "DTYPES",
-    "PROFILES",
-    "PROPERTIES",
-    "ConformanceError",
+
+def __getattr__(name: str):
+    """A name of ``stability.testing``, the same object; the old module's names live there."""
+    if name in _testing.__all__:
+        return getattr(_testing, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+#: The old module's names that ``stability.testing`` gives too, forwarded by ``__getattr__``.
+_FORWARDED = [
+    # stability.testing.conformance
     "ConformanceReport",
-    "Implementation",
     "PropertyResult",
-    "SoftmaxInput",
-    "as_implementation",
     "assert_segment_softmax_conforms",
     "check_segment_softmax",
-    "finite_logits",
+    # stability.testing.implementation
+    "ConformanceError",
+    "Implementation",
+    "as_implementation",
     "from_numpy",
     "from_tensorflow",
+    # stability.testing.finite_range, .properties, .softmax_inputs, .tolerance
+    "finite_logits",
+    "PROPERTIES",
+    "SoftmaxInput",
+    "softmax_inputs",
+    "DEFAULT_ULPS",
+]
+__all__ = [
+    *_FORWARDED,
+    "DTYPES",
+    "PROFILES",
     "reference_gradient",
     "reference_softmax",
-    "softmax_inputs",
     "span_text",
     "tolerance_text",
 ]

@@ -358,24 +358,17 @@ def dense_layers_in(model: keras.Layer, path: str | None) -> list[keras.layers.D
     return [layer for layer in candidates if isinstance(layer, keras.layers.Dense)]
 
 
-def _switch(model: keras.Layer, method: str, name: str, attribute: str) -> int:
-    """Call ``method(name)`` on every layer that has it and uses another; how many did."""
+def _switch(recipe: Recipe, method: str, name: str, attribute: str, none: str) -> Recipe:
+    """Call ``method(name)`` on every layer of the model that has it and uses another;
+    the recipe, or RemedyError(``none``) when no layer did."""
     switched = 0
-    for layer in [model, *nested_layers(model)]:
+    for layer in [recipe.model, *nested_layers(recipe.model)]:
         if callable(getattr(layer, method, None)) and getattr(layer, attribute, None) != name:
             getattr(layer, method)(name)
             switched += 1
-    return switched
-
-
-def _switch(model: keras.Layer, method: str, name: str, attribute: str) -> int:
-    """Call ``method(name)`` on every layer that has it and uses another; how many did."""
-    switched = 0
-    for layer in [model, *nested_layers(model)]:
-        if callable(getattr(layer, method, None)) and getattr(layer, attribute, None) != name:
-            getattr(layer, method)(name)
-            switched += 1
-    return switched
+    if not switched:
+        raise RemedyError(none)
+    return recipe
 
 
 @model_remedy(
@@ -394,12 +387,14 @@ def _switch(model: keras.Layer, method: str, name: str, attribute: str) -> int:
     cannot="it changes the softmax only: a failure elsewhere stays",
 )
 def stable_softmax(recipe: Recipe, ctx: BuildContext, layer: str | None) -> Recipe:
-    if not _switch(recipe.model, "use_softmax", "stable", "softmax"):
-        raise RemedyError(
-            "no layer of the model uses a registered softmax other than 'stable' "
-            "(a layer takes one through use_softmax)"
-        )
-    return recipe
+    return _switch(
+        recipe,
+        "use_softmax",
+        "stable",
+        "softmax",
+        none="no layer of the model uses a registered softmax other than 'stable' "
+        "(a layer takes one through use_softmax)",
+    )
 
 
 @model_remedy(
@@ -411,9 +406,11 @@ def stable_softmax(recipe: Recipe, ctx: BuildContext, layer: str | None) -> Reci
     cannot="it bounds the attention logits only: a failure elsewhere stays",
 )
 def tanh_cap(recipe: Recipe, ctx: BuildContext, layer: str | None) -> Recipe:
-    if not _switch(recipe.model, "use_logit_transform", "tanh_cap", "logit_transform"):
-        raise RemedyError(
-            "no layer of the model applies a registered logit transform "
-            "(a layer takes one through use_logit_transform)"
-        )
-    return recipe
+    return _switch(
+        recipe,
+        "use_logit_transform",
+        "tanh_cap",
+        "logit_transform",
+        none="no layer of the model applies a registered logit transform "
+        "(a layer takes one through use_logit_transform)",
+    )

@@ -24,6 +24,7 @@ from stability.testing.implementation import (
     from_numpy,
     from_tensorflow,
 )
+from stability.testing.inputs import SoftmaxInput, softmax_inputs
 from stability.testing.profiles import (
     PROFILE_NAMES,
     conformance_examples,
@@ -32,7 +33,6 @@ from stability.testing.profiles import (
 )
 from stability.testing.properties import PROPERTIES
 from stability.testing.small_case import SMALL_CASE
-from stability.testing.softmax_inputs import SoftmaxInput, softmax_inputs
 from stability.testing.tolerance import DEFAULT_ULPS
 
 __all__ = [

@@ -20,7 +20,7 @@ import numpy as np
 import tensorflow as tf
 
 from stability.testing.implementation import Implementation, from_tensorflow
-from stability.testing.softmax_inputs import SoftmaxInput
+from stability.testing.inputs import SoftmaxInput
 
 
 def from_jax(fn: Callable[..., Any], *, name: str | None = None) -> Implementation:

@@ -2,7 +2,7 @@
 
 ``check_segment_softmax(fn)`` checks a segment softmax ``fn(logits, segment_ids,
 num_segments)`` (``[num_edges]``, ``[num_edges]``, an int; returns ``[num_edges]`` in the
-logits' dtype) on the inputs of ``stability.testing.softmax_inputs``: logits up to and past
+logits' dtype) on the inputs of ``stability.testing.inputs``: logits up to and past
 where ``exp`` overflows and underflows, empty and single-edge segments, ties, duplicate
 edges and, with ``mask=True`` (``fn(logits, segment_ids, num_segments, mask)``), masked
 entries. Each property (``stability.testing.properties``) is its own Hypothesis search, so
@@ -36,10 +36,10 @@ from stability.testing.implementation import (
     check_output,
     probe,
 )
+from stability.testing.inputs import DTYPES, SoftmaxInput, softmax_inputs
 from stability.testing.paragraph import describe_input, error_text
 from stability.testing.profiles import conformance_examples, profile_name
 from stability.testing.properties import CHECKS, GRADIENT_PROPERTIES, PROPERTIES
-from stability.testing.softmax_inputs import DTYPES, SoftmaxInput, softmax_inputs
 from stability.testing.tolerance import DEFAULT_ULPS, tolerance_text
 
 

@@ -14,8 +14,8 @@ import numpy as np
 
 from stability.testing.assertions import nonfinite
 from stability.testing.implementation import Implementation
+from stability.testing.inputs import SoftmaxInput
 from stability.testing.properties import outputs
-from stability.testing.softmax_inputs import SoftmaxInput
 
 
 def _finite_at(impl: Implementation, x: SoftmaxInput) -> bool:

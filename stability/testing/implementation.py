@@ -15,8 +15,8 @@ from typing import Any
 import numpy as np
 
 from stability.core.errors import StabilityError
+from stability.testing.inputs import SoftmaxInput
 from stability.testing.paragraph import describe_input, error_text
-from stability.testing.softmax_inputs import SoftmaxInput
 
 
 class ConformanceError(StabilityError):

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from stability.testing.softmax_inputs import SoftmaxInput
+from stability.testing.inputs import SoftmaxInput
 
 
 def values_text(array: np.ndarray) -> str:

@@ -13,7 +13,7 @@ else the paragraph describing the failure (``stability.testing.paragraph``):
   (``m`` drawn in [-1, 1]) is finite and within ``2 * (ulps + 2n) * eps`` of the reference.
 
 The reference is the max-shifted softmax computed in ``np.longdouble`` from the very logits
-the implementation saw (``stability.testing.softmax_inputs``).
+the implementation saw (``stability.testing.inputs``).
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ import numpy as np
 
 from stability.testing.assertions import nonfinite, segment_sums, unnormalized
 from stability.testing.implementation import Implementation, check_output
+from stability.testing.inputs import SoftmaxInput, reference_gradient, reference_softmax
 from stability.testing.paragraph import describe_input, first_bad, raised_text
-from stability.testing.softmax_inputs import SoftmaxInput, reference_gradient, reference_softmax
 from stability.testing.tolerance import gradient_tolerance, value_tolerance
 
 PROPERTIES = (
