@@ -74,6 +74,7 @@ from stability.model.recipe import Variant
 from stability.train.config import seed_everything
 from stability.train.keras_input import keras_input
 from stability.train.step import input_signature
+from stability.train.trainer import dtype_policy
 from stability.zoo.tools import HarnessLoss
 
 pytestmark = pytest.mark.xdist_group("sentinel_setups")  # one worker: one trainer cache
@@ -366,18 +367,6 @@ def sentinel_answer(
         jit_compile=jit_compile,
     )
     return answer
-
-
-@contextlib.contextmanager
-def dtype_policy(name: str) -> Iterator[None]:
-    """Keras' global dtype policy set to ``name`` for the block (``compile`` wraps the
-    optimizer in a ``LossScaleOptimizer`` under ``mixed_float16``), restored after it."""
-    before = keras.config.dtype_policy()
-    keras.config.set_dtype_policy(name)
-    try:
-        yield
-    finally:
-        keras.config.set_dtype_policy(before)
 
 
 @contextlib.contextmanager

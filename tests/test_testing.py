@@ -89,6 +89,15 @@ def test_the_old_conformance_path_warns_and_gives_the_same_objects(monkeypatch):
     assert {p: testing.conformance_examples(p) for p in testing.PROFILE_NAMES} == old.PROFILES
 
 
+def test_the_old_softmax_inputs_path_warns_and_gives_the_same_objects(monkeypatch):
+    """docs/conformance.md named ``stability.model.softmax_inputs`` before it moved."""
+    old = fresh_import("stability.model.softmax_inputs", monkeypatch)
+    from stability.testing import inputs
+
+    for name in ("DTYPES", "SoftmaxInput", "softmax_inputs", "reference_softmax"):
+        assert getattr(old, name) is getattr(inputs, name), name
+
+
 def test_the_old_adapters_path_warns_and_gives_the_same_objects(monkeypatch):
     old = fresh_import("stability.model.conformance_adapters", monkeypatch)
     from stability.testing import adapters

@@ -38,6 +38,10 @@ def add_zoo_parser(sub: argparse._SubParsersAction) -> None:
     zoo.add_argument("--plugin", action="append", default=[], help=argparse.SUPPRESS)
 
 
+def _say(text: str) -> None:
+    print(f"zoo: {text}", file=sys.stderr)
+
+
 def zoo_command(args: argparse.Namespace) -> int:
     from stability.doctor.run import doctor_many
     from stability.zoo.report import write_zoo_report, zoo_command_line
@@ -45,10 +49,9 @@ def zoo_command(args: argparse.Namespace) -> int:
 
     check_writable(args.out)
     names = bug_names(args.bugs)
-    say = lambda text: print(f"zoo: {text}", file=sys.stderr)  # noqa: E731
     # The zoo scores the doctor without importing it: the two features meet here.
-    doctor = partial(doctor_many, **run_options(args), on_stage=say)
-    entries = run_zoo(args.out / "zoo", doctor, names=names, **run_options(args), on_stage=say)
+    doctor = partial(doctor_many, **run_options(args), on_stage=_say)
+    entries = run_zoo(args.out / "zoo", doctor, names=names, **run_options(args), on_stage=_say)
     csv_path, md_path = write_zoo_report(entries, args.out, zoo_command_line(names))
     print(f"wrote {md_path} and {csv_path}")
     return 0

@@ -19,8 +19,24 @@ INPUT_NAMES = ("nodes", "edges", "senders", "receivers", "node_graph", "num_grap
 MASK_NAMES = ("edge_mask", "graph_mask")
 
 
+class _Sizes:
+    """``num_nodes`` and ``num_edges`` of anything with ``nodes`` and ``edges`` arrays (a graph
+    or a batch of them)."""
+
+    nodes: np.ndarray
+    edges: np.ndarray
+
+    @property
+    def num_nodes(self) -> int:
+        return int(self.nodes.shape[0])
+
+    @property
+    def num_edges(self) -> int:
+        return int(self.edges.shape[0])
+
+
 @dataclass(frozen=True)
-class Graph:
+class Graph(_Sizes):
     """One graph with a scalar target.
 
     Shapes:
@@ -40,17 +56,9 @@ class Graph:
     target: float
     source_index: int | None = None
 
-    @property
-    def num_nodes(self) -> int:
-        return int(self.nodes.shape[0])
-
-    @property
-    def num_edges(self) -> int:
-        return int(self.edges.shape[0])
-
 
 @dataclass(frozen=True)
-class GraphBatch:
+class GraphBatch(_Sizes):
     """Several graphs batched into one.
 
     Shapes:
@@ -87,14 +95,6 @@ class GraphBatch:
     @property
     def padded(self) -> bool:
         return self.graph_mask is not None
-
-    @property
-    def num_nodes(self) -> int:
-        return int(self.nodes.shape[0])
-
-    @property
-    def num_edges(self) -> int:
-        return int(self.edges.shape[0])
 
 
 def batch_graphs(
