@@ -1,0 +1,229 @@
+"""What the check asks of a model, one property each: a predicate over a list of graphs that
+returns a ``Violation`` (what broke, where) or None.
+
+- ``step``: one step forward and backward through the step guard, no update: every value
+  finite and the attention normalized, or the first failure named as training names it;
+- the invariants of a graph network (``INVARIANTS``), each with a tolerance from the dtype
+  (``stability.check.tolerance``): ``node_permutation``, ``edge_order``,
+  ``batch_independence``, ``edge_continuity``, ``dtype_agreement`` and
+  ``attention_normalization``.
+
+An invariant's predicate skips inputs the model raises on: they are the ``step`` property's
+finding, so one input is not reported once per property.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+
+import numpy as np
+import tensorflow as tf
+
+from stability.check.subject import Subject
+from stability.check.tolerance import agreement_tolerance, compute_dtype, depth_factor
+from stability.data.graphs import Graph
+
+#: Every invariant, in the report's order.
+INVARIANTS = (
+    "node_permutation",
+    "edge_order",
+    "batch_independence",
+    "edge_continuity",
+    "dtype_agreement",
+    "attention_normalization",
+)
+
+#: Every property: the step, then the invariants.
+PROPERTIES = ("step", *INVARIANTS)
+
+#: What a model may raise on a strange graph (a shape or an index it did not expect).
+MODEL_ERRORS = (tf.errors.InvalidArgumentError, ValueError, IndexError)
+
+#: The seed of every permutation a property draws: the same input, the same verdict.
+PERMUTATION_SEED = 0
+
+
+@dataclass(frozen=True)
+class Violation:
+    """What broke: ``detail`` in words; ``stage``, ``layer``, ``op`` and ``cause`` where the
+    step guard named a failure; ``deviation`` and ``tolerance`` for an invariant."""
+
+    detail: str
+    stage: str | None = None
+    layer: str | None = None
+    op: str | None = None
+    cause: str | None = None
+    deviation: float | None = None
+    tolerance: float | None = None
+
+
+Predicate = Callable[[Subject, Sequence[Graph]], "Violation | None"]
+
+
+def step(subject: Subject, graphs: Sequence[Graph]) -> Violation | None:
+    """One unapplied step: the guard's first failure, named; or the error the model raised."""
+    try:
+        failure = subject.failure(graphs)
+    except Exception as exc:  # the user's model on a graph it did not expect: a finding
+        return Violation(
+            f"the step raises {type(exc).__name__}: {error_line(exc)}", stage="forward"
+        )
+    if failure is None:
+        return None
+    return Violation(
+        f"{failure.kind.value} in the {failure.stage.value} stage",
+        stage=failure.stage.value,
+        layer=failure.layer,
+        op=failure.op,
+        cause=failure.cause.value,
+    )
+
+
+def error_line(exc: BaseException, limit: int = 200) -> str:
+    """The line of an error that says what went wrong: TensorFlow's graph errors open with
+    "Graph execution error:" and a node's traceback, and end with the message."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    meaningful = [
+        line
+        for line in lines
+        if not line.startswith(("Graph execution error", "Detected at node", "File ", "["))
+    ]
+    text = meaningful[-1] if meaningful else (lines[-1] if lines else "")
+    return text[:limit]
+
+
+def node_permutation(subject: Subject, graphs: Sequence[Graph]) -> Violation | None:
+    """Each graph's nodes renumbered: its prediction must not change."""
+    rng = np.random.default_rng(PERMUTATION_SEED)
+    return _agree(subject, graphs, [permute_nodes(g, rng) for g in graphs], "nodes renumbered")
+
+
+def edge_order(subject: Subject, graphs: Sequence[Graph]) -> Violation | None:
+    """Each graph's edge list reordered: its prediction must not change."""
+    rng = np.random.default_rng(PERMUTATION_SEED)
+    return _agree(subject, graphs, [permute_edges(g, rng) for g in graphs], "edges reordered")
+
+
+def batch_independence(subject: Subject, graphs: Sequence[Graph]) -> Violation | None:
+    """A graph's prediction alone, in the batch, and in the batch reversed must agree."""
+    if len(graphs) < 2:
+        return None
+    try:
+        together = subject.predict(subject.batch(graphs))
+        reverse = subject.predict(subject.batch(graphs[::-1]))[::-1]
+        alone = np.concatenate([subject.predict(subject.batch([g])) for g in graphs])
+    except MODEL_ERRORS:
+        return None
+    tolerance = agreement_tolerance(compute_dtype(subject), together, alone)
+    for other, how in ((alone, "alone"), (reverse, "in the batch reversed")):
+        found = _worst(together, other, tolerance)
+        if found is not None:
+            index, deviation, allowed = found
+            return Violation(
+                f"graph {index} of {len(graphs)} predicts {together.ravel()[index]:.6g} in "
+                f"the batch and {other.ravel()[index]:.6g} {how}",
+                deviation=deviation,
+                tolerance=allowed,
+            )
+    return None
+
+
+def dtype_agreement(subject: Subject, graphs: Sequence[Graph]) -> Violation | None:
+    """The same weights in float64 must predict what the model predicts, within a bound that
+    grows with the model's depth (``tolerance.depth_factor``)."""
+    twin = subject.float64_twin()
+    if twin is None:
+        return None
+    try:
+        low = subject.predict(subject.batch(graphs))
+        high = twin.predict(twin.batch(graphs))
+    except MODEL_ERRORS:
+        return None
+    factor = depth_factor(subject)
+    tolerance = factor * agreement_tolerance(compute_dtype(subject), low, high)
+    found = _worst(high, low, tolerance)
+    if found is None:
+        return None
+    index, deviation, allowed = found
+    return Violation(
+        f"prediction {index} is {low.ravel()[index]:.6g} in {compute_dtype(subject)} and "
+        f"{high.ravel()[index]:.6g} in float64 with the same weights",
+        deviation=deviation,
+        tolerance=allowed,
+    )
+
+
+def attention_normalization(subject: Subject, graphs: Sequence[Graph]) -> Violation | None:
+    """The attention the model exposes sums to 1 per node, within the guard's tolerance."""
+    try:
+        ok = subject.attention_ok(subject.batch(graphs))
+    except MODEL_ERRORS:
+        return None
+    return None if ok else Violation("a node's attention weights do not sum to 1")
+
+
+def _agree(
+    subject: Subject, graphs: Sequence[Graph], changed: Sequence[Graph], how: str
+) -> Violation | None:
+    try:
+        before = subject.predict(subject.batch(graphs))
+        after = subject.predict(subject.batch(changed))
+    except MODEL_ERRORS:
+        return None
+    tolerance = agreement_tolerance(compute_dtype(subject), before, after)
+    found = _worst(before, after, tolerance)
+    if found is None:
+        return None
+    index, deviation, allowed = found
+    return Violation(
+        f"prediction {index} moves from {before.ravel()[index]:.6g} to "
+        f"{after.ravel()[index]:.6g} with the {how}",
+        deviation=deviation,
+        tolerance=allowed,
+    )
+
+
+def _worst(
+    expected: np.ndarray, got: np.ndarray, tolerance: np.ndarray
+) -> tuple[int, float, float] | None:
+    """The prediction furthest beyond its tolerance: (index, |difference|, tolerance), or
+    None when every one is within. A NaN on one side only is beyond any tolerance."""
+    expected, got, tolerance = (
+        expected.ravel(),
+        got.ravel(),
+        np.broadcast_to(tolerance, expected.shape).ravel(),
+    )
+    with np.errstate(invalid="ignore"):
+        difference = np.abs(expected - got)
+    same_nan = np.isnan(expected) & np.isnan(got)
+    difference = np.where(same_nan, 0.0, np.where(np.isnan(difference), np.inf, difference))
+    excess = difference - tolerance
+    if not excess.size or np.max(excess) <= 0:
+        return None
+    index = int(np.argmax(excess))
+    return index, float(difference[index]), float(tolerance[index])
+
+
+def permute_nodes(graph: Graph, rng: np.random.Generator) -> Graph:
+    """``graph`` with its nodes renumbered by a random permutation (edges follow them)."""
+    order = rng.permutation(graph.num_nodes)  # new position k holds old node order[k]
+    new_index = np.empty_like(order)
+    new_index[order] = np.arange(graph.num_nodes)
+    return replace(
+        graph,
+        nodes=graph.nodes[order],
+        senders=new_index[graph.senders].astype(graph.senders.dtype),
+        receivers=new_index[graph.receivers].astype(graph.receivers.dtype),
+    )
+
+
+def permute_edges(graph: Graph, rng: np.random.Generator) -> Graph:
+    """``graph`` with its edge list in a random order."""
+    order = rng.permutation(graph.num_edges)
+    return replace(
+        graph,
+        edges=graph.edges[order],
+        senders=graph.senders[order],
+        receivers=graph.receivers[order],
+    )

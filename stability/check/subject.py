@@ -1,0 +1,119 @@
+"""The model under check: one variant built as a case's first run builds it, untrained (or
+with a trained run's weights), and what the check asks of it.
+
+- ``failure(graphs)``: the graphs as one batch, forward and backward through the step guard
+  with no update, and the first failure named as the trainer names it (stage, layer, op,
+  cause), or None;
+- ``predict(batch)``: the model's predictions (``training=False``), as float64;
+- ``attention_ok(batch)``: whether the attention it exposes sums to 1 per node.
+
+Every compiled function takes the ``input_signature`` of the trainer's step, so a batch of
+any size is traced once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+
+from stability.core.failures import Failure
+from stability.data import Dataset
+from stability.data.graphs import Graph, GraphBatch, batch_graphs
+from stability.model.recipe import Recipe
+from stability.model.variants import get_variant
+from stability.train.config import TrainConfig, storage_dtype
+from stability.train.diagnosis import Diagnosis, TrainerReplays, name_failure
+from stability.train.forward import forward, normalized
+from stability.train.guard import StepReport
+from stability.train.step import input_signature, make_train_step
+from stability.train.trainer import Trainer
+
+
+@dataclass
+class Subject:
+    """``variant`` built for ``dataset`` with ``config``'s settings (``recipe``)."""
+
+    variant: str
+    dataset: Dataset
+    config: TrainConfig
+    recipe: Recipe
+
+    @classmethod
+    def build(cls, variant: str, dataset: Dataset, config: TrainConfig) -> Subject:
+        """Build the variant as its run would (seeded, probed); no step is taken."""
+        recipe = Trainer(get_variant(variant), dataset, config).build()
+        return cls(variant, dataset, config, recipe)
+
+    def __post_init__(self) -> None:
+        dtype = storage_dtype(self.config.dtype)
+        self.dtype = dtype
+        signature = input_signature(self.dataset.num_features, dtype)
+        self._step = make_train_step(self.recipe, signature, guard=True, update=False)
+        model = self.recipe.model
+
+        @tf.function(input_signature=signature[:1], reduce_retracing=True)
+        def outputs(inputs: dict[str, tf.Tensor]) -> tuple[tf.Tensor, tf.Tensor]:
+            out = forward(model, inputs, training=False)
+            return tf.cast(out["predictions"], tf.float64), normalized(out, inputs)
+
+        self._outputs = outputs
+        self._twin: Subject | None = None
+
+    def batch(self, graphs: Sequence[Graph]) -> GraphBatch:
+        """``graphs`` as one batch, each target standardized as the trainer's."""
+        data = self.dataset
+        targets = (np.array([g.target for g in graphs], np.float64) - data.target_mean) / (
+            data.target_std
+        )
+        return batch_graphs(list(graphs), targets=targets, dtype=self.dtype)
+
+    def failure(self, graphs: Sequence[Graph]) -> Failure | None:
+        """The first failure of one unapplied step on ``graphs``, named, or None."""
+        batch = self.batch(graphs)
+        report = StepReport.of(self._step(batch.as_inputs(), batch.targets).numpy())
+        if report.ok:
+            return None
+        diagnosis = Diagnosis(self.recipe, self.dataset, self.config)
+        replays = TrainerReplays(diagnosis, batch, batch, None)
+        return name_failure(report, replays, 0, 1, self.dtype)
+
+    def predict(self, batch: GraphBatch) -> np.ndarray:
+        """``[num_graphs, outputs]`` float64: the predictions of ``batch``'s graphs."""
+        predictions = self._outputs(batch.as_inputs())[0].numpy()
+        return predictions.reshape(batch.num_graphs, -1) if batch.num_graphs else predictions
+
+    def attention_ok(self, batch: GraphBatch) -> bool:
+        """Whether the attention the model exposes sums to 1 per node (True without any)."""
+        return bool(self._outputs(batch.as_inputs())[1].numpy())
+
+    @property
+    def exposes_attention(self) -> bool:
+        """Whether the model's forward pass returns its attention and receivers."""
+        batch = self.batch(self.dataset.train[:1])
+        out = forward(self.recipe.model, _tensors(batch.as_inputs()), training=False)
+        return bool(out["receivers"])
+
+    def float64_twin(self) -> Subject | None:
+        """The same variant built in float64 with this model's weights (None for a float64
+        model); built once."""
+        if self.config.dtype == "float64":
+            return None
+        if self._twin is None:
+            weights = self.recipe.model.get_weights()
+            twin = Subject.build(self.variant, self.dataset, replace(self.config, dtype="float64"))
+            twin.recipe.model.set_weights(
+                [
+                    w.astype(v.dtype)
+                    for w, v in zip(weights, twin.recipe.model.get_weights(), strict=True)
+                ]
+            )
+            self._twin = twin
+        return self._twin
+
+
+def _tensors(inputs: dict[str, Any]) -> dict[str, tf.Tensor]:
+    return {k: tf.convert_to_tensor(v) for k, v in inputs.items()}
