@@ -98,8 +98,9 @@ def check_variant(
     trained: bool = False,
     on_row: Callable[[CheckRow], None] | None = None,
     plugins: Sequence[str] = (),
+    properties: Sequence[str] = PROPERTIES,
 ) -> list[CheckRow]:
-    """Every property of ``variant`` on ``case`` (``trained``: on the weights its first run
+    """Each of ``properties`` of ``variant`` on ``case`` (``trained``: on the weights its first run
     ends with), in ``settings_``; each row also passed to ``on_row`` as it is made. With
     ``out``, each failing batch is written to ``<out>/<case>.check/`` as a case naming
     ``plugins`` (absolute paths: ``sweep.case_file.absolute_plugins``)."""
@@ -111,7 +112,7 @@ def check_variant(
     domain = Domain.of(dataset)
     predicates = property_predicates(domain, declared)
     rows = []
-    for name in PROPERTIES:
+    for name in properties:
         for setting in settings_:
             row, graphs = _check(subject, case, name, predicates[name], setting, declared, examples)
             if graphs is not None and out is not None:

@@ -51,6 +51,11 @@ def add_check_parser(sub: argparse._SubParsersAction) -> None:
         help="generated batches tried per property before it passes (default: %(default)s)",
     )
     check.add_argument(
+        "--properties",
+        metavar="NAMES",
+        help="comma-separated properties to check (default: all; docs/check.md lists them)",
+    )
+    check.add_argument(
         "--trained",
         action="store_true",
         help="check the weights each variant's first run of the case ends with (trains it)",
@@ -87,9 +92,10 @@ def check_command(args: argparse.Namespace) -> int:
     variants = variant_list(args.variant) if args.variant else case.variants
     check_writable(args.out)
     settings = (OWN_DATA,) if args.own_data_only else SETTINGS
+    properties = property_list(args.properties) if args.properties else PROPERTIES
     plugins = absolute_plugins(case, args.case, args.plugin)
     rows = []
-    total = len(variants) * len(PROPERTIES) * len(settings)
+    total = len(variants) * len(properties) * len(settings)
     with tqdm(total=total, desc="check", unit="property", disable=not show_progress(args)) as bar:
         for variant in variants:
             rows += check_variant(
@@ -101,6 +107,7 @@ def check_command(args: argparse.Namespace) -> int:
                 trained=args.trained,
                 on_row=lambda row: bar.update(1),
                 plugins=plugins,
+                properties=properties,
             )
     csv_path, md_path = write_check_report(rows, args.out, case.name, str(args.case))
     print(f"wrote {md_path} and {csv_path}")
@@ -110,3 +117,16 @@ def check_command(args: argparse.Namespace) -> int:
             f"{row.variant}: {row.property} fails on {row.setting}: {row.detail}", file=sys.stderr
         )
     return EXIT_FAILED if failed else EXIT_PASSED
+
+
+def property_list(text: str) -> tuple[str, ...]:
+    """``--properties a,b`` as property names, or a one-line error."""
+    from stability.check.properties import PROPERTIES
+    from stability.core.errors import StabilityError
+
+    names = tuple(n.strip() for n in text.split(",") if n.strip())
+    unknown = [n for n in names if n not in PROPERTIES]
+    if unknown or not names:
+        what = f"{unknown[0]!r} is not a property" if unknown else "name at least one property"
+        raise StabilityError(f"--properties {text!r}: {what}; accepted: {', '.join(PROPERTIES)}")
+    return names
