@@ -82,6 +82,9 @@ def _jump_inside(
     k = int(np.argmax(moves))
     a, b, first = grid[k], grid[k + 1], moves[k]
     fa, fb = values[k], values[k + 1]
+    allowed = float(agreement_tolerance(compute_dtype(subject), values).max())
+    if not first > allowed:
+        return None  # no step of the sweep moves beyond the tolerance: no jump to find
     ulp = float(np.spacing(np.asarray(max(abs(a), abs(b)), subject.dtype)))
     for _ in range(MAX_HALVINGS):
         if b - a <= ULPS * ulp:
@@ -93,7 +96,6 @@ def _jump_inside(
         else:
             a, fa = mid, fm
     last = abs(fb - fa)
-    allowed = float(agreement_tolerance(compute_dtype(subject), np.array([fa, fb])).max())
     if last > 0.5 * first and last > allowed:
         return Violation(
             f"the prediction jumps by {last:.4g} (from {fa:.6g} to {fb:.6g}) as an edge "

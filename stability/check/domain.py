@@ -1,6 +1,6 @@
 """The inputs the check may draw for a case: its declared bounds, and graphs within them.
 
-The bounds are the case data set's own: its node count and in-degree, its distances from
+The bounds are the case data set's own: its node and edge counts, its distances from
 the smallest to the largest, the node feature rows it holds (a one-hot type stays one-hot,
 a molecule's atom stays an atom of the data). ``graph_lists`` draws batches of such graphs
 and, deliberately, at the bounds' edges: one graph alone, a single node, a graph without
@@ -15,12 +15,16 @@ from dataclasses import dataclass
 
 import numpy as np
 from hypothesis import strategies as st
+from hypothesis.extra.numpy import arrays
 
 from stability.data import Dataset
 from stability.data.graphs import Graph
 
 #: At most this many distinct node rows are drawn from (the data's first ones).
 MAX_ROWS = 64
+
+#: At most this many edges in a drawn graph (the data's largest graph's, up to this).
+MAX_EDGES = 256
 
 #: At most this many graphs in a drawn batch: enough for batch effects, small to shrink.
 MAX_GRAPHS = 4
@@ -31,7 +35,7 @@ class Domain:
     """The case's declared bounds.
 
     ``rows``: ``[num_rows, num_features]`` node feature rows to draw from; distances in
-    ``[low, high]``; ``max_nodes`` nodes and ``max_in_degree`` incoming edges at most;
+    ``[low, high]``; ``max_nodes`` nodes and ``max_edges`` edges in a graph at most;
     ``self_loops`` whether the data holds ``i -> i`` edges; ``target`` the value a drawn
     graph's target takes (the training targets' mean: the loss then sees a typical target).
     """
@@ -40,7 +44,7 @@ class Domain:
     low: float
     high: float
     max_nodes: int
-    max_in_degree: int
+    max_edges: int
     self_loops: bool
     target: float
 
@@ -48,17 +52,13 @@ class Domain:
     def of(cls, dataset: Dataset) -> Domain:
         graphs = dataset.train + dataset.val
         rows = np.unique(np.concatenate([g.nodes for g in graphs]), axis=0)[:MAX_ROWS]
-        degrees = [
-            int(np.bincount(g.receivers, minlength=g.num_nodes).max()) if g.num_edges else 0
-            for g in graphs
-        ]
         finite = np.isfinite(dataset.edge_min) and np.isfinite(dataset.edge_max)
         return cls(
             rows=rows,
             low=float(dataset.edge_min) if finite else 0.0,
             high=float(dataset.edge_max) if finite else 1.0,
             max_nodes=max(g.num_nodes for g in graphs),
-            max_in_degree=max(max(degrees), 1),
+            max_edges=min(max(g.num_edges for g in graphs), MAX_EDGES),
             self_loops=any(bool(np.any(g.senders == g.receivers)) for g in graphs),
             target=float(dataset.target_mean),
         )
@@ -80,30 +80,27 @@ class Domain:
 
 @st.composite
 def _graph(draw: st.DrawFn, domain: Domain) -> Graph:
-    """One graph: nodes, then each node's incoming edges (none to ``max_in_degree``), each
-    from a drawn sender with a drawn distance. Shrinks towards one node, no edges, every
-    node the first row, every sender node 0 (a hub) and the smallest distance."""
+    """One graph: its node count and edge count, then arrays of node rows, receivers,
+    senders and distances. Each array is drawn around one fill value with a few other
+    elements (``hypothesis.extra.numpy.arrays``' sparse filling), so a drawn graph is often
+    an edge case of its own: every node the same row (constant features), every edge into
+    one node (a hub), every distance the same (coincident neighbours). Without self-loops in
+    the data, an edge ``i -> i`` is moved to ``i -> i + 1``. Shrinks towards one node, no
+    edges, node 0 and row 0 everywhere, and the smallest distance."""
     num_nodes = draw(st.integers(1, domain.max_nodes))
-    rows = draw(
-        st.lists(st.integers(0, len(domain.rows) - 1), min_size=num_nodes, max_size=num_nodes)
-    )
-    senders, receivers, distances = [], [], []
-    others = num_nodes if domain.self_loops else num_nodes - 1
-    if others > 0:
-        for node in range(num_nodes):
-            degree = draw(st.integers(0, domain.max_in_degree))
-            for _ in range(degree):
-                pick = draw(st.integers(0, others - 1))
-                # Without self-loops the senders skip the node itself.
-                senders.append(pick if domain.self_loops or pick < node else pick + 1)
-                receivers.append(node)
-                distances.append(draw(domain.distances()))
-    # The edge list in a drawn order, as a user's list comes (it shrinks to sorted).
-    order = np.array(draw(st.permutations(range(len(senders)))), dtype=np.int64)
+    num_edges = draw(st.integers(0, domain.max_edges)) if num_nodes > 1 or domain.self_loops else 0
+    rows = draw(arrays(np.int64, num_nodes, elements=st.integers(0, len(domain.rows) - 1)))
+    node = st.integers(0, num_nodes - 1)
+    receivers = draw(arrays(np.int64, num_edges, elements=node))
+    senders = draw(arrays(np.int64, num_edges, elements=node))
+    if not domain.self_loops:
+        loops = senders == receivers
+        senders[loops] = (senders[loops] + 1) % num_nodes
+    distances = draw(arrays(np.float64, num_edges, elements=domain.distances()))
     return Graph(
-        nodes=domain.rows[np.array(rows, dtype=np.int64)],
-        edges=np.array(distances, dtype=np.float64).reshape(-1, 1)[order],
-        senders=np.array(senders, dtype=np.int32)[order],
-        receivers=np.array(receivers, dtype=np.int32)[order],
+        nodes=domain.rows[rows],
+        edges=distances.reshape(-1, 1),
+        senders=senders.astype(np.int32),
+        receivers=receivers.astype(np.int32),
         target=domain.target,
     )

@@ -80,6 +80,20 @@ def step(subject: Subject, graphs: Sequence[Graph]) -> Violation | None:
     )
 
 
+def step_fails(subject: Subject, graphs: Sequence[Graph]) -> Violation | None:
+    """``step`` without naming the failure (naming replays the step op by op): what a search
+    asks of every input it tries; ``step`` then names the failure of the one it keeps."""
+    try:
+        failed = subject.fails(graphs)
+    except Exception as exc:  # as in ``step``
+        return Violation(f"the step raises {type(exc).__name__}: {error_line(exc)}")
+    return Violation("the step fails") if failed else None
+
+
+#: Each property's cheaper predicate for a search, where it has one.
+SEARCH = {"step": step_fails}
+
+
 def error_line(exc: BaseException, limit: int = 200) -> str:
     """The line of an error that says what went wrong: TensorFlow's graph errors open with
     "Graph execution error:" and a node's traceback, and end with the message."""

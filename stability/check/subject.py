@@ -1,9 +1,9 @@
 """The model under check: one variant built as a case's first run builds it, untrained (or
 with a trained run's weights), and what the check asks of it.
 
-- ``failure(graphs)``: the graphs as one batch, forward and backward through the step guard
-  with no update, and the first failure named as the trainer names it (stage, layer, op,
-  cause), or None;
+- ``fails(graphs)``, ``failure(graphs)``: the graphs as one batch, forward and backward
+  through the step guard with no update; whether it failed, and its first failure named as
+  the trainer names it (stage, layer, op, cause), or None;
 - ``predict(batch)``: the model's predictions (``training=False``), as float64;
 - ``attention_ok(batch)``: whether the attention it exposes sums to 1 per node.
 
@@ -71,10 +71,18 @@ class Subject:
         )
         return batch_graphs(list(graphs), targets=targets, dtype=self.dtype)
 
+    def fails(self, graphs: Sequence[Graph]) -> bool:
+        """Whether one unapplied step on ``graphs`` fails a check of the guard."""
+        return not self._report(self.batch(graphs)).ok
+
+    def _report(self, batch: GraphBatch) -> StepReport:
+        return StepReport.of(self._step(batch.as_inputs(), batch.targets).numpy())
+
     def failure(self, graphs: Sequence[Graph]) -> Failure | None:
-        """The first failure of one unapplied step on ``graphs``, named, or None."""
+        """The first failure of one unapplied step on ``graphs``, named as the trainer
+        names it (a replay, op by op: slower than ``fails``), or None."""
         batch = self.batch(graphs)
-        report = StepReport.of(self._step(batch.as_inputs(), batch.targets).numpy())
+        report = self._report(batch)
         if report.ok:
             return None
         diagnosis = Diagnosis(self.recipe, self.dataset, self.config)
