@@ -14,6 +14,16 @@ from stability.core.failures import CAUSES, Stage
 
 STAGES = tuple(stage.value for stage in Stage)
 
+#: The graph invariants a silent bug can break (``ZooBug.invariant``).
+INVARIANTS = (
+    "node_permutation",
+    "edge_order",
+    "batch_independence",
+    "edge_continuity",
+    "dtype_agreement",
+    "attention_normalization",
+)
+
 
 @dataclass(frozen=True)
 class ZooBug:
@@ -30,6 +40,8 @@ class ZooBug:
     - ``cause``: the cause in the harness's vocabulary (``core.failures.CAUSES``).
     - ``fix``: what the maintainers changed, in words.
     - ``silent``: the bug gives a wrong value without any NaN or Inf.
+    - ``invariant``: for a silent bug, the graph invariant it breaks (one of
+      ``INVARIANTS``), else empty.
     """
 
     name: str
@@ -42,9 +54,14 @@ class ZooBug:
     cause: str
     fix: str
     silent: bool = False
+    invariant: str = ""
 
     def __post_init__(self) -> None:
         if self.stage not in STAGES:
             raise StabilityError(f"zoo bug {self.name}: stage {self.stage!r} not one of {STAGES}")
         if self.cause not in CAUSES:
             raise StabilityError(f"zoo bug {self.name}: cause {self.cause!r} not one of {CAUSES}")
+        if self.invariant and self.invariant not in INVARIANTS:
+            raise StabilityError(
+                f"zoo bug {self.name}: invariant {self.invariant!r} not one of {INVARIANTS}"
+            )
