@@ -12,9 +12,10 @@ from pathlib import Path
 import pytest
 
 from stability.check.outcome import FAIL, GENERATED, NOT_APPLICABLE, NOT_DECLARED, OWN_DATA, PASS
-from stability.check.properties import INVARIANTS, PROPERTIES
+from stability.check.properties import PROPERTIES
 from stability.check.run import Declared, check_variant
 from stability.core.errors import StabilityError
+from stability.core.invariants import INVARIANTS
 from stability.sweep.cases import load_case
 from stability.sweep.runner import run_case
 

@@ -22,17 +22,8 @@ import tensorflow as tf
 
 from stability.check.subject import Subject
 from stability.check.tolerance import agreement_tolerance, compute_dtype, depth_factor
+from stability.core.invariants import INVARIANTS
 from stability.data.graphs import Graph
-
-#: Every invariant, in the report's order.
-INVARIANTS = (
-    "node_permutation",
-    "edge_order",
-    "batch_independence",
-    "edge_continuity",
-    "dtype_agreement",
-    "attention_normalization",
-)
 
 #: Every property: the step, then the invariants.
 PROPERTIES = ("step", *INVARIANTS)
@@ -145,27 +136,37 @@ def batch_independence(subject: Subject, graphs: Sequence[Graph]) -> Violation |
 
 def dtype_agreement(subject: Subject, graphs: Sequence[Graph]) -> Violation | None:
     """The same weights in float64 must predict what the model predicts, within a bound that
-    grows with the model's depth (``tolerance.depth_factor``)."""
+    grows with the model's depth (``tolerance.depth_factor``): as it predicts, and as the
+    training step computes (batch statistics), where two such passes agree (no dropout)."""
     twin = subject.float64_twin()
     if twin is None:
         return None
-    try:
-        low = subject.predict(subject.batch(graphs))
-        high = twin.predict(twin.batch(graphs))
-    except MODEL_ERRORS:
-        return None
-    factor = depth_factor(subject)
-    tolerance = factor * agreement_tolerance(compute_dtype(subject), low, high)
-    found = _worst(high, low, tolerance)
-    if found is None:
-        return None
-    index, deviation, allowed = found
-    return Violation(
-        f"prediction {index} is {low.ravel()[index]:.6g} in {compute_dtype(subject)} and "
-        f"{high.ravel()[index]:.6g} in float64 with the same weights",
-        deviation=deviation,
-        tolerance=allowed,
-    )
+    for training in (False, True):
+        try:
+            low = subject.predict(subject.batch(graphs), training)
+            high = twin.predict(twin.batch(graphs), training)
+            if training and not np.array_equal(low, subject.predict(subject.batch(graphs), True)):
+                return None  # a random layer (dropout): two passes differ anyway
+        except MODEL_ERRORS:
+            return None
+        if not np.all(np.isfinite(low)):
+            return None  # a non-finite prediction is the step property's finding
+        found = _worst(
+            high,
+            low,
+            depth_factor(subject) * agreement_tolerance(compute_dtype(subject), low, high),
+        )
+        if found is not None:
+            index, deviation, allowed = found
+            mode = " as the training step computes it" if training else ""
+            return Violation(
+                f"prediction {index}{mode} is {low.ravel()[index]:.6g} in "
+                f"{compute_dtype(subject)} and {high.ravel()[index]:.6g} in float64 with the "
+                "same weights",
+                deviation=deviation,
+                tolerance=allowed,
+            )
+    return None
 
 
 def attention_normalization(subject: Subject, graphs: Sequence[Graph]) -> Violation | None:

@@ -8,12 +8,17 @@ For each property the check asks, in turn:
    (``stability.check.domain``) until one fails or ``examples`` have passed, and shrinks a
    failing batch to the smallest that still fails.
 
+The ``step`` property runs on the weights as built (what a first training step sees); the
+invariants after ``Subject.draw_zero_weights``, which gives Keras' zero biases small random
+values: an invariant holds for any weights, and a zero bias hides the path it feeds.
+
 A failing batch is written as a case (``sweep.case_file``) that ``run`` trains and
 ``check`` checks again.
 """
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -35,7 +40,6 @@ from stability.check.outcome import (
     CheckRow,
 )
 from stability.check.properties import (
-    INVARIANTS,
     PROPERTIES,
     SEARCH,
     Predicate,
@@ -49,6 +53,7 @@ from stability.check.properties import (
 )
 from stability.check.subject import Subject
 from stability.core.errors import CaseError, StabilityError
+from stability.core.invariants import INVARIANTS
 from stability.data import Dataset
 from stability.data.graphs import Graph
 from stability.model.variants import get_variant
@@ -113,7 +118,10 @@ def check_variant(
     domain = Domain.of(dataset)
     predicates = property_predicates(domain, declared)
     rows = []
-    for name in properties:
+    for name in sorted(properties, key=PROPERTIES.index):
+        if name != "step" and not subject.drawn:
+            # The step saw the weights as built; every invariant holds for any weights.
+            subject.draw_zero_weights()
         for setting in settings_:
             row, graphs = _check(subject, case, name, predicates[name], setting, declared, examples)
             if graphs is not None and out is not None:
@@ -283,3 +291,29 @@ def _written(
         plugins,
     )
     return replace(row, counterexample=str(written))
+
+
+def check_bug(case_path: str, variant: str) -> dict:
+    """The zoo's score of the check on one bug (a plain dict, picklable across processes):
+    for each setting, whether any property failed, which ones, the first failing row's
+    stage and op, and the seconds until that first failure (building the model included;
+    the whole check's when nothing failed)."""
+    from stability.sweep.cases import load_case
+
+    case = load_case(case_path)
+    scored = {}
+    for setting in SETTINGS:
+        started = time.perf_counter()
+        rows = check_variant(case, variant, settings_=[setting])
+        failing = [r for r in rows if r.failed]
+        build = time.perf_counter() - started - sum(r.seconds for r in rows)
+        before = list(itertools.takewhile(lambda r: not r.failed, rows))
+        until = rows[: len(before) + 1] if failing else rows
+        scored[setting] = {
+            "detected": bool(failing),
+            "properties": [r.property for r in failing],
+            "stage": failing[0].stage if failing else None,
+            "op": failing[0].op if failing else None,
+            "seconds": build + sum(r.seconds for r in until),
+        }
+    return scored

@@ -32,6 +32,10 @@ from stability.train.guard import StepReport
 from stability.train.step import input_signature, make_train_step
 from stability.train.trainer import Trainer
 
+#: The spread of the values ``draw_zero_weights`` gives a zero weight: the size of a trained
+#: bias, a fraction of a unit.
+ZERO_WEIGHT_SCALE = 0.1
+
 
 @dataclass
 class Subject:
@@ -55,13 +59,18 @@ class Subject:
         self._step = make_train_step(self.recipe, signature, guard=True, update=False)
         model = self.recipe.model
 
-        @tf.function(input_signature=signature[:1], reduce_retracing=True)
-        def outputs(inputs: dict[str, tf.Tensor]) -> tuple[tf.Tensor, tf.Tensor]:
-            out = forward(model, inputs, training=False)
-            return tf.cast(out["predictions"], tf.float64), normalized(out, inputs)
+        def outputs_of(training: bool) -> Any:
+            @tf.function(input_signature=signature[:1], reduce_retracing=True)
+            def outputs(inputs: dict[str, tf.Tensor]) -> tuple[tf.Tensor, tf.Tensor]:
+                out = forward(model, inputs, training=training)
+                return tf.cast(out["predictions"], tf.float64), normalized(out, inputs)
 
-        self._outputs = outputs
+            return outputs
+
+        self._outputs = outputs_of(False)
+        self._training_outputs = outputs_of(True)
         self._twin: Subject | None = None
+        self.drawn = False  # whether ``draw_zero_weights`` ran
 
     def batch(self, graphs: Sequence[Graph]) -> GraphBatch:
         """``graphs`` as one batch, each target standardized as the trainer's."""
@@ -89,9 +98,19 @@ class Subject:
         replays = TrainerReplays(diagnosis, batch, batch, None)
         return name_failure(report, replays, 0, 1, self.dtype)
 
-    def predict(self, batch: GraphBatch) -> np.ndarray:
-        """``[num_graphs, outputs]`` float64: the predictions of ``batch``'s graphs."""
-        predictions = self._outputs(batch.as_inputs())[0].numpy()
+    def predict(self, batch: GraphBatch, training: bool = False) -> np.ndarray:
+        """``[num_graphs, outputs]`` float64: the predictions of ``batch``'s graphs; with
+        ``training``, as the training step computes them (a batch normalization with the
+        batch's own statistics), leaving the model's state (moving averages) as it was."""
+        if training:
+            state = [v.numpy() for v in self.recipe.model.non_trainable_variables]
+            predictions = self._training_outputs(batch.as_inputs())[0].numpy()
+            for variable, value in zip(
+                self.recipe.model.non_trainable_variables, state, strict=True
+            ):
+                variable.assign(value)
+        else:
+            predictions = self._outputs(batch.as_inputs())[0].numpy()
         return predictions.reshape(batch.num_graphs, -1) if batch.num_graphs else predictions
 
     def attention_ok(self, batch: GraphBatch) -> bool:
@@ -104,6 +123,25 @@ class Subject:
         batch = self.batch(self.dataset.train[:1])
         out = forward(self.recipe.model, _tensors(batch.as_inputs()), training=False)
         return bool(out["receivers"])
+
+    def draw_zero_weights(self, seed: int = 0, scale: float = ZERO_WEIGHT_SCALE) -> int:
+        """Give every weight that is all zeros (Keras' biases as built) values drawn from
+        ``normal(0, scale)``, seeded; returns how many weights were drawn.
+
+        An invariant must hold for any weights, and a zero bias hides every bug on the path
+        it feeds: a message that should vanish at a cutoff but keeps a biased term
+        (torchmd-net#254) is exactly 0 there until the bias has trained.
+        """
+        rng = np.random.default_rng(seed)
+        drawn = 0
+        for weight in self.recipe.model.trainable_variables:
+            value = weight.numpy()
+            if value.size and not np.any(value):
+                weight.assign(rng.normal(0.0, scale, value.shape).astype(value.dtype))
+                drawn += 1
+        self._twin = None  # a float64 twin copies the weights as they are now
+        self.drawn = True
+        return drawn
 
     def float64_twin(self) -> Subject | None:
         """The same variant built in float64 with this model's weights (None for a float64

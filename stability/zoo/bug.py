@@ -11,18 +11,9 @@ from dataclasses import dataclass
 
 from stability.core.errors import StabilityError
 from stability.core.failures import CAUSES, Stage
+from stability.core.invariants import INVARIANTS
 
 STAGES = tuple(stage.value for stage in Stage)
-
-#: The graph invariants a silent bug can break (``ZooBug.invariant``).
-INVARIANTS = (
-    "node_permutation",
-    "edge_order",
-    "batch_independence",
-    "edge_continuity",
-    "dtype_agreement",
-    "attention_normalization",
-)
 
 
 @dataclass(frozen=True)
