@@ -230,3 +230,15 @@ def test_the_command_writes_the_report_and_exits_1_on_a_failure(tmp_path):
     csv = (out / "planted.check.csv").read_text().splitlines()
     assert len(csv) == 1 + 2 * 2
     assert list((out / "planted.check").glob("planted_first_edge.edge_order.*.toml"))
+
+
+def test_the_fixture_fails_a_test_with_the_counterexample(stability_check, tmp_path):
+    path = planted_case(tmp_path)
+    kwargs = {"properties": ["edge_order"], "examples": 10}
+    rows = stability_check(path, ["planted_first_edge"], expect_pass=False, **kwargs)
+    assert {r.status for r in rows} == {FAIL}
+    with pytest.raises(
+        pytest.fail.Exception, match=r"planted_first_edge: edge_order fails .*\.toml"
+    ):
+        stability_check(path, ["planted_first_edge"], **kwargs)
+    assert {r.status for r in stability_check(path, ["planted_clean"], **kwargs)} == {PASS}

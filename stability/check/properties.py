@@ -203,21 +203,16 @@ def _worst(
     expected: np.ndarray, got: np.ndarray, tolerance: np.ndarray
 ) -> tuple[int, float, float] | None:
     """The prediction furthest beyond its tolerance: (index, |difference|, tolerance), or
-    None when every one is within. A NaN on one side only is beyond any tolerance."""
-    expected, got, tolerance = (
-        expected.ravel(),
-        got.ravel(),
-        np.broadcast_to(tolerance, expected.shape).ravel(),
-    )
-    with np.errstate(invalid="ignore"):
-        difference = np.abs(expected - got)
-    same_nan = np.isnan(expected) & np.isnan(got)
-    difference = np.where(same_nan, 0.0, np.where(np.isnan(difference), np.inf, difference))
-    excess = difference - tolerance
+    None when every one is within. Only predictions finite on both sides are compared: a
+    NaN or an Inf is the ``step`` property's finding, not an invariant's."""
+    expected, got = expected.ravel(), got.ravel()
+    tolerance = np.broadcast_to(tolerance, expected.shape).ravel()
+    finite = np.isfinite(expected) & np.isfinite(got) & np.isfinite(tolerance)
+    excess = np.where(finite, np.abs(np.where(finite, expected - got, 0.0)) - tolerance, -np.inf)
     if not excess.size or np.max(excess) <= 0:
         return None
     index = int(np.argmax(excess))
-    return index, float(difference[index]), float(tolerance[index])
+    return index, float(abs(expected[index] - got[index])), float(tolerance[index])
 
 
 def permute_nodes(graph: Graph, rng: np.random.Generator) -> Graph:

@@ -52,7 +52,7 @@ from stability.check.properties import (
     step,
 )
 from stability.check.subject import Subject
-from stability.core.errors import CaseError, StabilityError
+from stability.core.errors import CaseError, ModelError, StabilityError
 from stability.core.invariants import INVARIANTS
 from stability.data import Dataset
 from stability.data.graphs import Graph
@@ -211,6 +211,11 @@ def _skipped(subject: Subject, name: str, declared: Declared) -> tuple[str, str]
         return NOT_APPLICABLE, "the model does not expose its attention"
     if name == "dtype_agreement" and subject.config.dtype == "float64":
         return NOT_APPLICABLE, "the model is float64 already"
+    if name == "dtype_agreement":
+        try:
+            subject.float64_twin()
+        except ModelError as exc:
+            return NOT_APPLICABLE, f"the model {exc}"
     return None
 
 

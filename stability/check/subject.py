@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
+from stability.core.errors import ModelError, StabilityError
 from stability.core.failures import Failure
 from stability.data import Dataset
 from stability.data.graphs import Graph, GraphBatch, batch_graphs
@@ -70,6 +71,7 @@ class Subject:
         self._outputs = outputs_of(False)
         self._training_outputs = outputs_of(True)
         self._twin: Subject | None = None
+        self._twin_error: ModelError | None = None
         self.drawn = False  # whether ``draw_zero_weights`` ran
 
     def batch(self, graphs: Sequence[Graph]) -> GraphBatch:
@@ -145,12 +147,21 @@ class Subject:
 
     def float64_twin(self) -> Subject | None:
         """The same variant built in float64 with this model's weights (None for a float64
-        model); built once."""
+        model); built once. A model that cannot be built in float64 (a float32 constant in
+        its code) raises ``ModelError``, every time."""
         if self.config.dtype == "float64":
             return None
         if self._twin is None:
+            if self._twin_error is not None:
+                raise self._twin_error
             weights = self.recipe.model.get_weights()
-            twin = Subject.build(self.variant, self.dataset, replace(self.config, dtype="float64"))
+            try:
+                twin = Subject.build(
+                    self.variant, self.dataset, replace(self.config, dtype="float64")
+                )
+            except StabilityError as exc:
+                self._twin_error = ModelError(f"it cannot be built in float64: {exc}")
+                raise self._twin_error from None
             twin.recipe.model.set_weights(
                 [
                     w.astype(v.dtype)
