@@ -205,8 +205,8 @@ def _worst(
     """The prediction furthest beyond its tolerance: (index, |difference|, tolerance), or
     None when every one is within. Only predictions finite on both sides are compared: a
     NaN or an Inf is the ``step`` property's finding, not an invariant's."""
-    expected, got = expected.ravel(), got.ravel()
-    tolerance = np.broadcast_to(tolerance, expected.shape).ravel()
+    tolerance = np.broadcast_to(tolerance, np.shape(expected)).ravel()
+    expected, got = np.ravel(expected), np.ravel(got)
     finite = np.isfinite(expected) & np.isfinite(got) & np.isfinite(tolerance)
     excess = np.where(finite, np.abs(np.where(finite, expected - got, 0.0)) - tolerance, -np.inf)
     if not excess.size or np.max(excess) <= 0:
