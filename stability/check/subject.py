@@ -159,8 +159,17 @@ class Subject:
                 twin = Subject.build(
                     self.variant, self.dataset, replace(self.config, dtype="float64")
                 )
+                # The probe ran the model eagerly; traced, a float32 constant may not mix.
+                trial = twin.batch(self.dataset.train[:2])
+                twin.predict(trial)
+                twin.predict(trial, training=True)
             except StabilityError as exc:
-                self._twin_error = ModelError(f"it cannot be built in float64: {exc}")
+                self._twin_error = ModelError(f"cannot be built in float64: {exc}")
+                raise self._twin_error from None
+            except Exception as exc:  # the user's code, traced in float64
+                line = str(exc).strip().splitlines()
+                text = f"{type(exc).__name__}: {line[-1] if line else ''}"
+                self._twin_error = ModelError(f"cannot run in float64: {text}"[:300])
                 raise self._twin_error from None
             twin.recipe.model.set_weights(
                 [
