@@ -4,6 +4,7 @@ pass; a counterexample is written as a case that fails again; bad input is one l
 
 from __future__ import annotations
 
+import io
 import re
 import subprocess
 import sys
@@ -242,3 +243,44 @@ def test_the_fixture_fails_a_test_with_the_counterexample(stability_check, tmp_p
     ):
         stability_check(path, ["planted_first_edge"], **kwargs)
     assert {r.status for r in stability_check(path, ["planted_clean"], **kwargs)} == {PASS}
+
+
+def test_workers_give_the_rows_of_one_process(case, tmp_path):
+    """Two worker processes check the variants and write the rows one process gives."""
+    import pandas as pd
+
+    path = planted_case(tmp_path)
+    variants = ["planted_first_edge", "planted_batch_norm"]
+    properties = ["edge_order", "batch_independence"]
+    done = cli(
+        str(path),
+        "--variant",
+        ",".join(variants),
+        "--properties",
+        ",".join(properties),
+        "--examples",
+        "10",
+        "--workers",
+        "2",
+        "--out",
+        str(tmp_path / "out"),
+        cwd=tmp_path,
+    )
+    assert done.returncode == 1, done.stderr
+    written = pd.read_csv(tmp_path / "out" / "planted.check.csv")
+    here = load_case(path)
+    rows = [
+        r
+        for v in variants
+        for r in check_variant(
+            here, v, tmp_path / "here", 10, properties=properties, plugins=[str(PLANTED)]
+        )
+    ]
+    # Through a CSV as the command writes it, so that empty cells read back alike.
+    expected = pd.read_csv(
+        io.StringIO(pd.DataFrame([r.as_dict() for r in rows]).to_csv(index=False))
+    )
+    ignored = ["seconds", "counterexample"]
+    pd.testing.assert_frame_equal(
+        written.drop(columns=ignored), expected.drop(columns=ignored), check_dtype=False
+    )

@@ -322,3 +322,21 @@ def check_bug(case_path: str, variant: str) -> dict:
             "seconds": build + sum(r.seconds for r in until),
         }
     return scored
+
+
+def check_in_worker(
+    case_path: str,
+    overrides: Sequence[str],
+    plugins: Sequence[str],
+    variant: str,
+    **options: object,
+) -> list[CheckRow]:
+    """``check_variant`` in a worker process: the case loaded again there (its plugins
+    imported), the command line's ``plugins`` too, then the variant checked."""
+    from stability.core.plugins import load_plugin
+    from stability.sweep.cases import load_case
+
+    for plugin in plugins:
+        load_plugin(plugin)
+    case = load_case(case_path, overrides)
+    return check_variant(case, variant, plugins=plugins, **options)  # type: ignore[arg-type]

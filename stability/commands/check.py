@@ -66,6 +66,13 @@ def add_check_parser(sub: argparse._SubParsersAction) -> None:
         help="skip the generated graphs: check the case's own data only",
     )
     check.add_argument(
+        "--workers",
+        type=positive_int,
+        default=1,
+        metavar="N",
+        help="check N variants at once, each in its own process (default: 1)",
+    )
+    check.add_argument(
         "--out",
         type=Path,
         default=Path("reports"),
@@ -94,21 +101,25 @@ def check_command(args: argparse.Namespace) -> int:
     settings = (OWN_DATA,) if args.own_data_only else SETTINGS
     properties = property_list(args.properties) if args.properties else PROPERTIES
     plugins = absolute_plugins(case, args.case, args.plugin)
-    rows = []
+    options = {
+        "out": args.out,
+        "examples": args.examples,
+        "settings_": settings,
+        "trained": args.trained,
+        "properties": properties,
+    }
     total = len(variants) * len(properties) * len(settings)
     with tqdm(total=total, desc="check", unit="property", disable=not show_progress(args)) as bar:
-        for variant in variants:
-            rows += check_variant(
-                case,
-                variant,
-                args.out,
-                examples=args.examples,
-                settings_=settings,
-                trained=args.trained,
-                on_row=lambda row: bar.update(1),
-                plugins=plugins,
-                properties=properties,
-            )
+        if args.workers > 1 and len(variants) > 1:
+            rows = _in_workers(args, variants, plugins, options, bar)
+        else:
+            rows = [
+                row
+                for variant in variants
+                for row in check_variant(
+                    case, variant, on_row=lambda row: bar.update(1), plugins=plugins, **options
+                )
+            ]
     csv_path, md_path = write_check_report(rows, args.out, case.name, str(args.case))
     print(f"wrote {md_path} and {csv_path}")
     failed = [r for r in rows if r.failed]
@@ -130,3 +141,33 @@ def property_list(text: str) -> tuple[str, ...]:
         what = f"{unknown[0]!r} is not a property" if unknown else "name at least one property"
         raise StabilityError(f"--properties {text!r}: {what}; accepted: {', '.join(PROPERTIES)}")
     return names
+
+
+def _in_workers(args, variants, plugins, options, bar) -> list:
+    """Each variant checked in one of ``--workers`` spawned processes, with the runs' thread
+    layout; the rows in the variants' order."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    from stability.check.run import check_in_worker
+    from stability.sweep.workers import start_worker
+
+    context = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(
+        max_workers=args.workers,
+        mp_context=context,
+        initializer=start_worker,
+        initargs=(1, 1, [], list(sys.path)),
+    ) as pool:
+        futures = [
+            pool.submit(
+                check_in_worker, str(args.case), list(args.overrides), plugins, v, **options
+            )
+            for v in variants
+        ]
+        rows = []
+        for future in futures:
+            done = future.result()
+            bar.update(len(done))
+            rows += done
+    return rows
