@@ -269,3 +269,61 @@ def test_keras_fast_variance_breaks_dtype_agreement_and_the_fix_mends_it():
 def test_every_silent_bug_names_its_invariant(path):
     bug = load_bug(path).bug
     assert bug.silent and bug.invariant and bug.cause == "none" and bug.stage == "forward"
+
+
+# --- attention_normalization --------------------------------------------------------------
+
+
+def normalization_gap(model, graphs: list[Graph]) -> tuple[float, float]:
+    """(the largest distance from 1 of a node's summed attention, per layer and head, over
+    the nodes with incoming edges; the step guard's bound ``(8 + 4 d) eps`` at its node)."""
+    inputs = {k: tf.constant(v) for k, v in batch_graphs(graphs).as_inputs().items()}
+    out = model.forward(inputs)
+    assert np.all(np.isfinite(out["predictions"].numpy())), "the bug is silent: no NaN"
+    worst, bound = 0.0, 0.0
+    for alpha, receivers in zip(out["alpha"], out["receivers"], strict=True):
+        alpha = tf.reshape(alpha, (tf.shape(alpha)[0], -1)).numpy().astype(np.float64)
+        receivers = receivers.numpy()
+        num_nodes = int(inputs["nodes"].shape[0])
+        sums = np.zeros((num_nodes, alpha.shape[1]))
+        np.add.at(sums, receivers, alpha)
+        degree = np.bincount(receivers, minlength=num_nodes)
+        gap = np.max(np.abs(sums[degree > 0] - 1.0), axis=1)
+        at = int(np.argmax(gap))
+        if gap[at] >= worst:
+            worst, bound = float(gap[at]), (8 + 4 * int(degree[degree > 0][at])) * EPS32
+    return worst, bound
+
+
+def test_graphlearn_gat_softmax_breaks_attention_normalization_and_the_fix_mends_it():
+    model, data, bug = build("s_graphlearn_gat_softmax")
+    assert bug.invariant == "attention_normalization"
+    graphs = data.train[:6]
+    gap, tol = normalization_gap(model, graphs)
+    assert gap > 100 * tol, f"the weights sum to 1 ({gap:.3g} <= {100 * tol:.3g})"
+
+    def normalize(self, scores, segment_ids, num_segments):  # PR #26: per node's neighbours
+        coefficients = tf.exp(scores)
+        total = tf.math.unsorted_segment_sum(coefficients, segment_ids, num_segments)
+        return coefficients / tf.gather(total, segment_ids)
+
+    for conv in model.convs:
+        patched(conv, normalize=normalize)
+    gap, tol = normalization_gap(model, graphs)
+    assert gap <= tol, f"the fixed GATConv's weights still miss 1 ({gap:.3g} > {tol:.3g})"
+
+
+def test_geometricflux_gat_heads_breaks_attention_normalization_and_the_fix_mends_it():
+    model, data, bug = build("s_geometricflux_gat_heads")
+    assert bug.invariant == "attention_normalization"
+    graphs = data.train[:6]
+    gap, tol = normalization_gap(model, graphs)
+    assert gap > 100 * tol, f"the weights sum to 1 ({gap:.3g} <= {100 * tol:.3g})"
+
+    def normalize(self, e, receivers, num_nodes):  # PR #131: softmax over neighbours, per head
+        return segment_softmax(e, receivers, num_nodes)
+
+    for conv in model.convs:
+        patched(conv, normalize=normalize)
+    gap, tol = normalization_gap(model, graphs)
+    assert gap <= tol, f"the fixed GATConv's weights still miss 1 ({gap:.3g} > {tol:.3g})"
