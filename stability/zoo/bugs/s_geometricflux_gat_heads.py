@@ -116,8 +116,8 @@ BUG = ZooBug(
     ),
     variant="zoo_s_geometricflux_gat_heads",
     stage="forward",
-    op="Softmax",
-    cause="none",
+    op="softmax normalization",
+    cause="normalization",
     fix=(
         "PR #131: the message returns the raw score, and apply_batch_message takes "
         "Flux.softmax(..., dims=2) over each node's neighbours per head (self-loops added)"

@@ -105,8 +105,8 @@ BUG = ZooBug(
     ),
     variant="zoo_s_graphlearn_gat_softmax",
     stage="forward",
-    op="Softmax",
-    cause="none",
+    op="softmax normalization",
+    cause="normalization",
     fix=(
         "PR #26 (commit c2cddc4): exp of the scores divided by their segment_sum over each "
         "node's neighbours (segment_ids), a softmax per node"
