@@ -1,9 +1,9 @@
 """The model under check: one variant built as a case's first run builds it, untrained (or
 with a trained run's weights), and what the check asks of it.
 
-- ``fails(graphs)``, ``failure(graphs)``: the graphs as one batch, forward and backward
-  through the step guard with no update; whether it failed, and its first failure named as
-  the trainer names it (stage, layer, op, cause), or None;
+- ``fails(graphs)``, ``failure(graphs)``: the graphs as one batch through one training step
+  under the step guard (forward, backward, the update), undone after it; whether it
+  failed, and its first failure named as the trainer names it (stage, layer, op, cause);
 - ``predict(batch)``: the model's predictions (``training=False``), as float64;
 - ``attention_ok(batch)``: whether the attention it exposes sums to 1 per node.
 
@@ -27,7 +27,13 @@ from stability.data.graphs import Graph, GraphBatch, batch_graphs
 from stability.model.recipe import Recipe
 from stability.model.variants import get_variant
 from stability.train.config import TrainConfig, storage_dtype
-from stability.train.diagnosis import Diagnosis, TrainerReplays, name_failure
+from stability.train.diagnosis import (
+    Diagnosis,
+    EpochStart,
+    Rewind,
+    TrainerReplays,
+    name_failure,
+)
 from stability.train.forward import forward, normalized
 from stability.train.guard import StepReport
 from stability.train.step import input_signature, make_train_step
@@ -57,7 +63,7 @@ class Subject:
         dtype = storage_dtype(self.config.dtype)
         self.dtype = dtype
         signature = input_signature(self.dataset.num_features, dtype)
-        self._step = make_train_step(self.recipe, signature, guard=True, update=False)
+        self._step = make_train_step(self.recipe, signature, guard=True)
         model = self.recipe.model
 
         def outputs_of(training: bool) -> Any:
@@ -83,22 +89,31 @@ class Subject:
         return batch_graphs(list(graphs), targets=targets, dtype=self.dtype)
 
     def fails(self, graphs: Sequence[Graph]) -> bool:
-        """Whether one unapplied step on ``graphs`` fails a check of the guard."""
-        return not self._report(self.batch(graphs)).ok
+        """Whether one training step on ``graphs`` fails a check of the guard (the step's
+        update undone after it)."""
+        return self.failure(graphs, name=False) is not None
 
-    def _report(self, batch: GraphBatch) -> StepReport:
-        return StepReport.of(self._step(batch.as_inputs(), batch.targets).numpy())
-
-    def failure(self, graphs: Sequence[Graph]) -> Failure | None:
-        """The first failure of one unapplied step on ``graphs``, named as the trainer
-        names it (a replay, op by op: slower than ``fails``), or None."""
+    def failure(self, graphs: Sequence[Graph], name: bool = True) -> Failure | bool | None:
+        """The first failure of one training step on ``graphs`` (forward, backward and the
+        update, every variable of the model and the optimizer put back after it), named as
+        the trainer names it (a replay, op by op: slower), or None. Without ``name``: True
+        for a failure."""
         batch = self.batch(graphs)
-        report = self._report(batch)
-        if report.ok:
-            return None
-        diagnosis = Diagnosis(self.recipe, self.dataset, self.config)
-        replays = TrainerReplays(diagnosis, batch, batch, None)
-        return name_failure(report, replays, 0, 1, self.dtype)
+        state = [*self.recipe.model.variables, *self.recipe.optimizer.variables]
+        before = [v.numpy() for v in state]
+        try:
+            report = StepReport.of(self._step(batch.as_inputs(), batch.targets).numpy())
+            if report.ok or not name:
+                return None if report.ok else True
+            diagnosis = Diagnosis(self.recipe, self.dataset, self.config)
+            # An update failure is replayed op by op from the state before the step.
+            start = EpochStart(before, np.random.default_rng(0).bit_generator.state, steps=1)
+            rewind = Rewind(start, self._step, lambda rng: iter(()))
+            replays = TrainerReplays(diagnosis, batch, batch, rewind)
+            return name_failure(report, replays, 0, 1, self.dtype)
+        finally:
+            for variable, value in zip(state, before, strict=True):
+                variable.assign(value)
 
     def predict(self, batch: GraphBatch, training: bool = False) -> np.ndarray:
         """``[num_graphs, outputs]`` float64: the predictions of ``batch``'s graphs; with
