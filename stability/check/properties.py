@@ -1,8 +1,8 @@
 """What the check asks of a model, one property each: a predicate over a list of graphs that
 returns a ``Violation`` (what broke, where) or None.
 
-- ``step``: one step forward and backward through the step guard, no update: every value
-  finite and the attention normalized, or the first failure named as training names it;
+- ``step``: one training step through the step guard (forward, backward, the update), undone
+  after it: every value finite, the attention normalized, the updated weights finite, or the first failure named as training names it;
 - the invariants of a graph network (``INVARIANTS``), each with a tolerance from the dtype
   (``stability.check.tolerance``): ``node_permutation``, ``edge_order``,
   ``batch_independence``, ``edge_continuity``, ``dtype_agreement`` and

@@ -26,8 +26,9 @@ def add_check_parser(sub: argparse._SubParsersAction) -> None:
         "check",
         help="check a case's variants for non-finite steps and broken graph invariants, "
         "without training",
-        description="Check each variant of the case (or --variant) as built, untrained: one "
-        "step forward and backward through the step guard on every batch of the case's data "
+        description="Check each variant of the case (or --variant) as built, untrained: its "
+        "first training step through the step guard (undone after it) on every batch of the "
+        "case's data "
         "and on graphs Hypothesis draws within the case's bounds (isolated nodes, empty and "
         "one-node graphs, duplicate edges, distances at the bounds), and the invariants of a "
         "graph network: node permutation, edge order, batch independence, continuity in "
