@@ -2,7 +2,8 @@
 returns a ``Violation`` (what broke, where) or None.
 
 - ``step``: one training step through the step guard (forward, backward, the update), undone
-  after it: every value finite, the attention normalized, the updated weights finite, or the first failure named as training names it;
+  after it: every value finite, the attention normalized, the updated weights finite, or
+  the first failure named as training names it;
 - the invariants of a graph network (``INVARIANTS``), each with a tolerance from the dtype
   (``stability.check.tolerance``): ``node_permutation``, ``edge_order``,
   ``batch_independence``, ``edge_continuity``, ``dtype_agreement`` and
