@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from stability.check.outcome import FAIL, GENERATED, NOT_APPLICABLE, NOT_DECLARED, OWN_DATA, PASS
@@ -284,3 +285,16 @@ def test_workers_give_the_rows_of_one_process(case, tmp_path):
     pd.testing.assert_frame_equal(
         written.drop(columns=ignored), expected.drop(columns=ignored), check_dtype=False
     )
+
+
+def test_trained_checks_the_weights_the_first_run_ends_with(case):
+    from stability.check.run import _subject, first_config
+    from stability.sweep.runner import case_datasets
+
+    data, config = case_datasets(case)[0], first_config(case, "planted_clean")
+    built = _subject("planted_clean", data, config, trained=False).recipe.model.get_weights()
+    trained = _subject("planted_clean", data, config, trained=True).recipe.model.get_weights()
+    assert len(built) == len(trained)
+    assert any(not np.array_equal(b, t) for b, t in zip(built, trained, strict=True))
+    rows = check_variant(case, "planted_clean", examples=5, properties=["step"], trained=True)
+    assert {r.status for r in rows} == {PASS}
