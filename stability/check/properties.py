@@ -26,6 +26,13 @@ from stability.check.tolerance import agreement_tolerance, compute_dtype, depth_
 from stability.core.invariants import INVARIANTS
 from stability.data.graphs import Graph
 
+#: A step failure's kind (``core.failures.Kind``) in the report's words.
+KIND_WORDS = {
+    "nonfinite": "a non-finite value",
+    "normalization": "attention weights not summing to 1",
+    "masked_gradient": "a non-finite gradient the gradient transform masked",
+}
+
 #: Every property: the step, then the invariants.
 PROPERTIES = ("step", *INVARIANTS)
 
@@ -64,7 +71,8 @@ def step(subject: Subject, graphs: Sequence[Graph]) -> Violation | None:
     if failure is None:
         return None
     return Violation(
-        f"{failure.kind.value} in the {failure.stage.value} stage",
+        f"{KIND_WORDS.get(failure.kind.value, failure.kind.value)} in the "
+        f"{failure.stage.value} stage",
         stage=failure.stage.value,
         layer=failure.layer,
         op=failure.op,
