@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from stability.check.outcome import COLUMNS, FAIL, PASS, CheckRow
+from stability.check.outcome import COLUMNS, FAIL, GENERATED, OWN_DATA, PASS, CheckRow
 from stability.core.files import atomic_write_text
 
 
@@ -27,11 +27,12 @@ def write_check_report(
 
 def check_markdown(rows: Sequence[CheckRow], case: str, source: str) -> str:
     variants = list(dict.fromkeys(r.variant for r in rows))
+    properties = list(dict.fromkeys(r.property for r in rows))
     lines = [
         f"# `stability check` of case `{case}`",
         "",
-        f"Written by `python -m stability check {source}`. Each property of each variant, on "
-        "the case's own data and on graphs drawn within its bounds, without training "
+        f"Written by `python -m stability check {source}`: {len(properties)} properties of "
+        f"{len(variants)} variants, {_inputs(rows)}, without training "
         "([docs/check.md](../docs/check.md)).",
         "",
         *summary(rows, variants),
@@ -40,6 +41,18 @@ def check_markdown(rows: Sequence[CheckRow], case: str, source: str) -> str:
     for variant in variants:
         lines += _variant_section([r for r in rows if r.variant == variant], variant)
     return "\n".join(lines)
+
+
+def _inputs(rows: Sequence[CheckRow]) -> str:
+    """What the rows were checked on, from their settings and counts."""
+    parts = []
+    if any(r.setting == OWN_DATA for r in rows):
+        parts.append("on the case's own data")
+    generated = [r.examples for r in rows if r.setting == GENERATED and r.status == PASS]
+    if any(r.setting == GENERATED for r in rows):
+        tried = f" ({max(generated)} batches a property that held)" if generated else ""
+        parts.append(f"on graphs drawn within its bounds{tried}")
+    return " and ".join(parts) or "on no input"
 
 
 def summary(rows: Sequence[CheckRow], variants: Sequence[str]) -> list[str]:
