@@ -36,11 +36,7 @@ def input_signature(
 
 
 def make_train_step(
-    recipe: Recipe,
-    signature: tuple[Any, Any],
-    guard: bool,
-    jit_compile: bool = False,
-    update: bool = True,
+    recipe: Recipe, signature: tuple[Any, Any], guard: bool, jit_compile: bool = False
 ) -> Callable[..., Any]:
     """A compiled step: forward, loss, gradients, transform, update, and the step guard.
 
@@ -69,15 +65,10 @@ def make_train_step(
             state,
             exact=jit_compile,
             dtype=dtype,
-            apply=_never if not update else None if guard else _always,
+            apply=None if guard else _always,
         )
 
     return step
-
-
-def _never(healthy: tf.Tensor, update: Callable[[], Any]) -> None:
-    """A checking step's update: never applied, whatever the checks found."""
-    return None
 
 
 def _always(healthy: tf.Tensor, update: Callable[[], Any]) -> None:
