@@ -105,13 +105,15 @@ def check_variant(
     on_row: Callable[[CheckRow], None] | None = None,
     plugins: Sequence[str] = (),
     properties: Sequence[str] = PROPERTIES,
+    dataset: Dataset | None = None,
 ) -> list[CheckRow]:
     """Each of ``properties`` of ``variant`` on ``case`` (``trained``: on the weights its first run
     ends with), in ``settings_``; each row also passed to ``on_row`` as it is made. With
     ``out``, each failing batch is written to ``<out>/<case>.check/`` as a case naming
-    ``plugins`` (absolute paths: ``sweep.case_file.absolute_plugins``)."""
+    ``plugins`` (absolute paths: ``sweep.case_file.absolute_plugins``). ``dataset``: the
+    case's first data set, if already built (``case_datasets``)."""
     get_variant(variant)
-    dataset = case_datasets(case)[0]
+    dataset = dataset if dataset is not None else case_datasets(case)[0]
     config = first_config(case, variant)
     subject = _subject(variant, dataset, config, trained)
     declared = Declared.of(case)

@@ -78,6 +78,9 @@ class Subject:
         self._training_outputs = outputs_of(True)
         self._twin: Subject | None = None
         self._twin_error: ModelError | None = None
+        self._before: list[tf.Tensor] | None = None
+        self._restore: Any = None
+        self._stochastic: bool | None = None
         self.drawn = False  # whether ``draw_zero_weights`` ran
 
     def batch(self, graphs: Sequence[Graph]) -> GraphBatch:
@@ -87,6 +90,28 @@ class Subject:
             data.target_std
         )
         return batch_graphs(list(graphs), targets=targets, dtype=self.dtype)
+
+    def _state(self) -> tuple[list[tf.Variable], list[tf.Tensor]]:
+        """Every variable a step changes and its value before any step: read once, and again
+        after ``draw_zero_weights`` changes them (``_before`` is reset there)."""
+        state = [*self.recipe.model.variables, *self.recipe.optimizer.variables]
+        if self._before is None:
+            self._before = [tf.identity(v) for v in state]
+        return state, self._before
+
+    def _put_back(self) -> None:
+        """Every variable back to its value before the step, in one compiled call (a Python
+        loop of assigns cost more than the step itself)."""
+        if self._restore is None:
+            state = [*self.recipe.model.variables, *self.recipe.optimizer.variables]
+
+            @tf.function
+            def restore(values: list[tf.Tensor]) -> None:
+                for variable, value in zip(state, values, strict=True):
+                    variable.assign(value)
+
+            self._restore = restore
+        self._restore(self._state()[1])
 
     def fails(self, graphs: Sequence[Graph]) -> bool:
         """Whether one training step on ``graphs`` fails a check of the guard (the step's
@@ -99,21 +124,20 @@ class Subject:
         the trainer names it (a replay, op by op: slower), or None. Without ``name``: True
         for a failure."""
         batch = self.batch(graphs)
-        state = [*self.recipe.model.variables, *self.recipe.optimizer.variables]
-        before = [v.numpy() for v in state]
+        self._state()  # the values to put back, read before the first step
         try:
             report = StepReport.of(self._step(batch.as_inputs(), batch.targets).numpy())
             if report.ok or not name:
                 return None if report.ok else True
             diagnosis = Diagnosis(self.recipe, self.dataset, self.config)
             # An update failure is replayed op by op from the state before the step.
+            before = [v.numpy() for v in self._state()[1]]
             start = EpochStart(before, np.random.default_rng(0).bit_generator.state, steps=1)
             rewind = Rewind(start, self._step, lambda rng: iter(()))
             replays = TrainerReplays(diagnosis, batch, batch, rewind)
             return name_failure(report, replays, 0, 1, self.dtype)
         finally:
-            for variable, value in zip(state, before, strict=True):
-                variable.assign(value)
+            self._put_back()
 
     def predict(self, batch: GraphBatch, training: bool = False) -> np.ndarray:
         """``[num_graphs, outputs]`` float64: the predictions of ``batch``'s graphs; with
@@ -129,6 +153,15 @@ class Subject:
         else:
             predictions = self._outputs(batch.as_inputs())[0].numpy()
         return predictions.reshape(batch.num_graphs, -1) if batch.num_graphs else predictions
+
+    def stochastic(self, graphs: Sequence[Graph]) -> bool:
+        """Whether two passes in the training step's mode differ (dropout, noise): asked of
+        the first graphs only, then remembered."""
+        if self._stochastic is None:
+            batch = self.batch(graphs)
+            first, second = self.predict(batch, training=True), self.predict(batch, training=True)
+            self._stochastic = not np.array_equal(first, second, equal_nan=True)
+        return self._stochastic
 
     def attention_ok(self, batch: GraphBatch) -> bool:
         """Whether the attention the model exposes sums to 1 per node (True without any)."""
@@ -157,6 +190,7 @@ class Subject:
                 weight.assign(rng.normal(0.0, scale, value.shape).astype(value.dtype))
                 drawn += 1
         self._twin = None  # a float64 twin copies the weights as they are now
+        self._before = None  # and a step puts back the drawn values
         self.drawn = True
         return drawn
 

@@ -114,11 +114,19 @@ def check_command(args: argparse.Namespace) -> int:
         if args.workers > 1 and len(variants) > 1:
             rows = _in_workers(args, variants, plugins, options, bar)
         else:
+            from stability.sweep.runner import case_datasets
+
+            dataset = case_datasets(case)[0]  # built once for every variant
             rows = [
                 row
                 for variant in variants
                 for row in check_variant(
-                    case, variant, on_row=lambda row: bar.update(1), plugins=plugins, **options
+                    case,
+                    variant,
+                    on_row=lambda row: bar.update(1),
+                    plugins=plugins,
+                    dataset=dataset,
+                    **options,
                 )
             ]
     csv_path, md_path = write_check_report(rows, args.out, case.name, str(args.case))
