@@ -83,8 +83,11 @@ def _jump_inside(
         return None  # a non-finite prediction is the step property's finding
     moves = np.abs(np.diff(values))
     k = int(np.argmax(moves))
-    a, b, first = grid[k], grid[k + 1], moves[k]
-    fa, fb = values[k], values[k + 1]
+    a, b = grid[k], grid[k + 1]
+    # Each end again as a batch of its own, as every halving predicts: the sweep's batch of
+    # copies would tie the ends to each other in a model whose graphs are not independent.
+    fa, fb = (_predict_at(subject, graph, edge, np.array([x]))[0] for x in (a, b))
+    first = abs(fb - fa)
     allowed = float(agreement_tolerance(compute_dtype(subject), values).max())
     if not first > allowed:
         return None  # no step of the sweep moves beyond the tolerance: no jump to find
