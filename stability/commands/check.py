@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -19,6 +20,9 @@ from stability.commands.flags import (
 
 #: Exit codes: every property held, a property failed (2 is bad input, as everywhere).
 EXIT_PASSED, EXIT_FAILED = 0, 1
+
+#: The most worker processes the default starts: each loads TensorFlow (about 0.6 GB).
+MAX_DEFAULT_WORKERS = 4
 
 
 def add_check_parser(sub: argparse._SubParsersAction) -> None:
@@ -69,9 +73,10 @@ def add_check_parser(sub: argparse._SubParsersAction) -> None:
     check.add_argument(
         "--workers",
         type=positive_int,
-        default=1,
+        default=None,
         metavar="N",
-        help="check N variants at once, each in its own process (default: 1)",
+        help="check N variants at once, each in its own process with one thread, the same "
+        f"rows as one process (default: one a core, at most {MAX_DEFAULT_WORKERS})",
     )
     check.add_argument(
         "--out",
@@ -111,8 +116,9 @@ def check_command(args: argparse.Namespace) -> int:
     }
     total = len(variants) * len(properties) * len(settings)
     with tqdm(total=total, desc="check", unit="property", disable=not show_progress(args)) as bar:
-        if args.workers > 1 and len(variants) > 1:
-            rows = _in_workers(args, variants, plugins, options, bar)
+        workers = args.workers or min(os.cpu_count() or 1, MAX_DEFAULT_WORKERS)
+        if workers > 1 and len(variants) > 1:
+            rows = _in_workers(min(workers, len(variants)), args, variants, plugins, options, bar)
         else:
             from stability.sweep.runner import case_datasets
 
@@ -152,8 +158,8 @@ def property_list(text: str) -> tuple[str, ...]:
     return names
 
 
-def _in_workers(args, variants, plugins, options, bar) -> list:
-    """Each variant checked in one of ``--workers`` spawned processes, with the runs' thread
+def _in_workers(workers, args, variants, plugins, options, bar) -> list:
+    """Each variant checked in one of ``workers`` spawned processes, with the runs' thread
     layout; the rows in the variants' order."""
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
@@ -163,7 +169,7 @@ def _in_workers(args, variants, plugins, options, bar) -> list:
 
     context = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(
-        max_workers=args.workers,
+        max_workers=workers,
         mp_context=context,
         initializer=start_worker,
         initargs=(1, 1, [], list(sys.path)),
