@@ -24,6 +24,7 @@ from stability.core.errors import ModelError, StabilityError
 from stability.core.failures import Failure
 from stability.data import Dataset
 from stability.data.graphs import Graph, GraphBatch, batch_graphs
+from stability.data.padding import Budget, pad_batch
 from stability.model.recipe import Recipe
 from stability.model.variants import get_variant
 from stability.train.config import TrainConfig, storage_dtype
@@ -76,6 +77,13 @@ class Subject:
 
         self._outputs = outputs_of(False)
         self._training_outputs = outputs_of(True)
+        padded = input_signature(self.dataset.num_features, dtype, padded=True)
+
+        @tf.function(input_signature=padded[:1], reduce_retracing=True)
+        def padded_outputs(inputs: dict[str, tf.Tensor]) -> tf.Tensor:
+            return tf.cast(forward(model, inputs, training=False)["predictions"], tf.float64)
+
+        self._padded_outputs = padded_outputs
         self._twin: Subject | None = None
         self._twin_error: ModelError | None = None
         self._before: list[tf.Tensor] | None = None
@@ -153,6 +161,17 @@ class Subject:
         else:
             predictions = self._outputs(batch.as_inputs())[0].numpy()
         return predictions.reshape(batch.num_graphs, -1) if batch.num_graphs else predictions
+
+    def predict_padded(self, batch: GraphBatch) -> np.ndarray:
+        """``[num_graphs, outputs]``: the predictions of ``batch``'s graphs when the batch is
+        padded as the trainer pads it under XLA (``stability.data.padding``: a padding graph
+        of two nodes and two edges after the real ones, and the masks)."""
+        budget = Budget(
+            nodes=batch.num_nodes + 2, edges=batch.num_edges + 2, graphs=batch.num_graphs + 1
+        )
+        padded = pad_batch(batch, budget)
+        predictions = self._padded_outputs(padded.as_inputs()).numpy()
+        return predictions.reshape(padded.num_graphs, -1)[: batch.num_graphs]
 
     def stochastic(self, graphs: Sequence[Graph]) -> bool:
         """Whether two passes in the training step's mode differ (dropout, noise): asked of
