@@ -23,8 +23,9 @@ class CheckRow:
     """A property's verdict: ``detail`` says what broke (or what was tried), ``stage``,
     ``layer``, ``op`` and ``cause`` name a step failure as training names it, ``deviation``
     and ``tolerance`` an invariant's, ``graphs`` and ``nodes`` the counterexample's size,
-    ``examples`` how many inputs were tried, ``counterexample`` the case file that holds
-    the failing graphs, ``seconds`` the property's time."""
+    ``examples`` how many inputs were tried (until the first failure, for a failing one),
+    ``counterexample`` the case file that holds the failing graphs, ``seconds`` the
+    property's time."""
 
     case: str
     variant: str
