@@ -62,7 +62,8 @@ Predicate = Callable[[Subject, Sequence[Graph]], "Violation | None"]
 
 
 def step(subject: Subject, graphs: Sequence[Graph]) -> Violation | None:
-    """One unapplied step: the guard's first failure, named; or the error the model raised."""
+    """One training step, undone after it: the guard's first failure, named; or the error the
+    model raised."""
     try:
         failure = subject.failure(graphs)
     except Exception as exc:  # the user's model on a graph it did not expect: a finding

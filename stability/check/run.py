@@ -58,7 +58,7 @@ from stability.data import Dataset
 from stability.data.graphs import Graph
 from stability.model.variants import get_variant
 from stability.sweep.case_file import write_data_case
-from stability.sweep.cases import Case
+from stability.sweep.cases import Case, load_case
 from stability.sweep.runner import case_datasets, run_configs
 from stability.train.config import TrainConfig
 from stability.train.trainer import Trainer
@@ -125,7 +125,9 @@ def check_variant(
             # The step saw the weights as built; every invariant holds for any weights.
             subject.draw_zero_weights()
         for setting in settings_:
-            row, graphs = _check(subject, case, name, predicates[name], setting, declared, examples)
+            row, graphs = _check(
+                subject, case, name, predicates[name], setting, declared, domain, examples
+            )
             if graphs is not None and out is not None:
                 row = _written(row, graphs, subject, case, out, plugins)
             rows.append(row)
@@ -171,6 +173,7 @@ def _check(
     predicate: Predicate,
     setting: str,
     declared: Declared,
+    domain: Domain,
     examples: int,
 ) -> tuple[CheckRow, list[Graph] | None]:
     """The property's row, and the failing batch (None if it passed)."""
@@ -183,7 +186,7 @@ def _check(
         found, tried = _own_data(subject, name, predicate)
     else:
         search = SEARCH.get(name, predicate)
-        found, tried = _generated(subject, search, predicate, Domain.of(subject.dataset), examples)
+        found, tried = _generated(subject, search, predicate, domain, examples)
     seconds = time.perf_counter() - started
     if found is None:
         return CheckRow(**base, status=PASS, examples=tried, seconds=seconds), None
@@ -310,8 +313,6 @@ def check_bug(case_path: str, variant: str) -> dict:
     for each setting, whether any property failed, which ones, the first failing row's
     stage and op, and the seconds until that first failure (building the model included;
     the whole check's when nothing failed)."""
-    from stability.sweep.cases import load_case
-
     case = load_case(case_path)
     scored = {}
     for setting in SETTINGS:
@@ -341,7 +342,6 @@ def check_in_worker(
     """``check_variant`` in a worker process: the case loaded again there (its plugins
     imported), the command line's ``plugins`` too, then the variant checked."""
     from stability.core.plugins import load_plugin
-    from stability.sweep.cases import load_case
 
     for plugin in plugins:
         load_plugin(plugin)

@@ -13,7 +13,8 @@ any size is traced once.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -33,6 +34,7 @@ from stability.train.diagnosis import (
     EpochStart,
     Rewind,
     TrainerReplays,
+    as_tensors,
     name_failure,
 )
 from stability.train.forward import forward, normalized
@@ -121,22 +123,34 @@ class Subject:
             self._restore = restore
         self._restore(self._state()[1])
 
+    @contextlib.contextmanager
+    def _undone(self) -> Iterator[None]:
+        """Inside the block a training step may change any variable of the model and the
+        optimizer; after it every one is back as it was before the block."""
+        self._state()  # the values to put back, read before the first step
+        try:
+            yield
+        finally:
+            self._put_back()
+
+    def _report(self, batch: GraphBatch) -> StepReport:
+        return StepReport.of(self._step(batch.as_inputs(), batch.targets).numpy())
+
     def fails(self, graphs: Sequence[Graph]) -> bool:
         """Whether one training step on ``graphs`` fails a check of the guard (the step's
         update undone after it)."""
-        return self.failure(graphs, name=False) is not None
+        with self._undone():
+            return not self._report(self.batch(graphs)).ok
 
-    def failure(self, graphs: Sequence[Graph], name: bool = True) -> Failure | bool | None:
+    def failure(self, graphs: Sequence[Graph]) -> Failure | None:
         """The first failure of one training step on ``graphs`` (forward, backward and the
         update, every variable of the model and the optimizer put back after it), named as
-        the trainer names it (a replay, op by op: slower), or None. Without ``name``: True
-        for a failure."""
+        the trainer names it (a replay, op by op: slower than ``fails``), or None."""
         batch = self.batch(graphs)
-        self._state()  # the values to put back, read before the first step
-        try:
-            report = StepReport.of(self._step(batch.as_inputs(), batch.targets).numpy())
-            if report.ok or not name:
-                return None if report.ok else True
+        with self._undone():
+            report = self._report(batch)
+            if report.ok:
+                return None
             diagnosis = Diagnosis(self.recipe, self.dataset, self.config)
             # An update failure is replayed op by op from the state before the step.
             before = [v.numpy() for v in self._state()[1]]
@@ -144,8 +158,6 @@ class Subject:
             rewind = Rewind(start, self._step, lambda rng: iter(()))
             replays = TrainerReplays(diagnosis, batch, batch, rewind)
             return name_failure(report, replays, 0, 1, self.dtype)
-        finally:
-            self._put_back()
 
     def predict(self, batch: GraphBatch, training: bool = False) -> np.ndarray:
         """``[num_graphs, outputs]`` float64: the predictions of ``batch``'s graphs; with
@@ -190,7 +202,7 @@ class Subject:
     def exposes_attention(self) -> bool:
         """Whether the model's forward pass returns its attention and receivers."""
         batch = self.batch(self.dataset.train[:1])
-        out = forward(self.recipe.model, _tensors(batch.as_inputs()), training=False)
+        out = forward(self.recipe.model, as_tensors(batch.as_inputs()), training=False)
         return bool(out["receivers"])
 
     def draw_zero_weights(self, seed: int = 0, scale: float = ZERO_WEIGHT_SCALE) -> int:
@@ -247,7 +259,3 @@ class Subject:
             )
             self._twin = twin
         return self._twin
-
-
-def _tensors(inputs: dict[str, Any]) -> dict[str, tf.Tensor]:
-    return {k: tf.convert_to_tensor(v) for k, v in inputs.items()}
