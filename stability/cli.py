@@ -1,4 +1,5 @@
-"""``python -m stability run|map|list|report|compare|claims|conformance|spread|hunt|doctor|zoo``:
+"""``python -m stability COMMAND`` (run, map, list, report, compare, claims, conformance, spread,
+hunt, doctor, zoo, check):
 the CLI.
 
 TensorFlow loads only after the command line parsed (``stability.commands.startup``), so
@@ -17,6 +18,7 @@ import sys
 import traceback
 from collections.abc import Callable, Sequence
 
+from stability.commands.check import add_check_parser, check_command
 from stability.commands.claims import add_claims_parser, claims_command
 from stability.commands.conformance import add_conformance_parser, conformance_command
 from stability.commands.doctor import add_doctor_parser, doctor_command
@@ -51,6 +53,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "hunt": hunt_command,
     "doctor": doctor_command,
     "zoo": zoo_command,
+    "check": check_command,
 }
 
 
@@ -74,6 +77,7 @@ def _parser() -> argparse.ArgumentParser:
     add_hunt_parser(sub, positive_int, add_plugin_flag, add_set_flag)
     add_doctor_parser(sub)
     add_zoo_parser(sub)
+    add_check_parser(sub)
     return parser
 
 

@@ -5,6 +5,8 @@
 - The ``segment_softmax_conformance`` fixture checks a segment softmax at the dtype's
   limits and fails the test with each shrunk counterexample: one line in a user's suite,
   ``segment_softmax_conformance(my_softmax)``.
+- The ``stability_check`` fixture runs ``stability check`` on a case's variants, without
+  training, and fails the test with every property that failed and its counterexample.
 - ``pytest --stability-report DIR`` writes, at the end of the session, the reports of every
   case run through the fixture: ``<case>.csv``, ``<case>.history.csv``, ``<case>.md`` and
   the plots.
@@ -123,6 +125,54 @@ def _case_of(case: str | Path | Any, variants: Sequence[str] | None, overrides: 
     if variants is not None:
         overrides = {**overrides, "variants": tuple(variants)}
     return dataclasses.replace(case, **overrides)
+
+
+@pytest.fixture
+def stability_check(tmp_path: Path) -> Callable[..., list[Any]]:
+    """Check a case's variants without training (docs/check.md) and return the rows.
+
+    ``stability_check(case, variants=None, properties=None, examples=60, expect_pass=True,
+    **overrides)``: ``case``, ``variants`` and ``overrides`` as for ``stability_run``;
+    ``properties`` the properties to check (default: all). With ``expect_pass``, a failing
+    property fails the test with one line per failure and the case file of its
+    counterexample (written under the test's ``tmp_path``).
+    """
+
+    def check(
+        case: str | Path | Any,
+        variants: Sequence[str] | None = None,
+        properties: Sequence[str] | None = None,
+        examples: int = 60,
+        expect_pass: bool = True,
+        **overrides: Any,
+    ) -> list[Any]:
+        from stability.check.properties import PROPERTIES
+        from stability.check.run import Declared, check_variant
+        from stability.core.errors import StabilityError
+
+        try:
+            case = _case_of(case, variants, overrides)
+            Declared.of(case)
+            rows = [
+                row
+                for variant in case.variants
+                for row in check_variant(
+                    case, variant, tmp_path, examples, properties=properties or PROPERTIES
+                )
+            ]
+        except StabilityError as exc:
+            pytest.fail(f"stability_check: {exc}", pytrace=False)
+        failed = [r for r in rows if r.failed]
+        if expect_pass and failed:
+            lines = [
+                f"{r.variant}: {r.property} fails on {r.setting}: {r.detail} "
+                f"(counterexample: {r.counterexample})"
+                for r in failed
+            ]
+            pytest.fail("stability_check:\n" + "\n".join(lines), pytrace=False)
+        return rows
+
+    return check
 
 
 @pytest.fixture

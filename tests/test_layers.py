@@ -18,7 +18,7 @@ PACKAGE = Path(stability.__file__).parent
 #: Layer of each folder, bottom first; a module may import its own layer or lower ones.
 ENGINE = ("core", "compat", "data", "model", "testing", "train", "sweep", "report")
 #: The features, one layer above the engine: each imports the engine, never another feature.
-FEATURES = ("claims", "doctor", "explore", "zoo")
+FEATURES = ("check", "claims", "doctor", "explore", "zoo")
 LAYERS = (*ENGINE, "features")
 TOP = len(LAYERS)  # stability/__init__.py, __main__.py, cli.py, plugin.py, ...
 #: Folders of the top layer: the command line's subcommands, and the zoo's bug programs

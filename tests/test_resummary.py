@@ -21,10 +21,15 @@ from stability.train.run_summary import SUMMARY_FIELDS, resummarize
 
 ROOT = Path(__file__).resolve().parent.parent
 REPORTS = ROOT / "reports"
+#: Runs the zoo keeps under reports/zoo/ (.gitignore): rebuilt by ``python -m stability
+#: zoo``, never committed, so not a committed case.
+UNCOMMITTED = REPORTS / "zoo"
+
 #: Every committed case with a history: its results CSV beside it.
 CASES = sorted(
     path.with_name(path.name.removesuffix(".history.csv") + ".csv")
     for path in REPORTS.rglob("*.history.csv")
+    if UNCOMMITTED not in path.parents
 )
 
 

@@ -93,6 +93,45 @@ def test_the_scoreboard_counts_the_rows_and_names_the_misses():
     assert "detected: 100% against the goal" in zoo_markdown(rows, "python -m stability zoo")
 
 
+def test_the_check_s_section_is_computed_from_its_columns():
+    rows = [
+        planted("a", "True", "True"),
+        planted("b", "True", "True"),
+        planted("c", "False", "False"),
+    ]
+    cells = [
+        ("True", "True", "True", "2.00", "3.00"),
+        ("True", "False", "False", "4.00", "9.00"),
+        ("False", "False", "False", "1.00", "2.00"),
+    ]
+    for row, (own, generated, right, s_own, s_generated) in zip(rows, cells, strict=True):
+        row.update(
+            check_own_data=own,
+            check_generated=generated,
+            check_right=right,
+            check_seconds_own=s_own,
+            check_seconds_generated=s_generated,
+        )
+    rows[0]["invariant"] = "edge_order"
+    text = zoo_markdown(rows, "python -m stability zoo")
+    assert "detected 2/3 (67%) against the goal 90%, **missed**; median 3.0 s" in text
+    assert "not detected: `c`" in text
+    assert (
+        "from generated graphs alone: detected 1/3 (33%) against the goal 70%, **missed**; "
+        "median 3.0 s" in text
+    )
+    assert "the check names the invariant the bug breaks on 1 of 1" in text
+    for row in rows:
+        row["check_generated"] = "True"
+    assert (
+        "from generated graphs alone: detected 3/3 (100%) against the goal 70%, met"
+        in zoo_markdown(rows, "z")
+    )
+    for row in rows:
+        row["check_own_data"] = ""
+    assert "The check was not run on these bugs." in zoo_markdown(rows, "z")
+
+
 @pytest.mark.parametrize("row", committed_rows(), ids=lambda r: r["bug"])
 def test_a_bug_s_detection_and_stage_stay_as_committed(row):
     """The harness's detection and stage of each bug, retrained now, against the committed

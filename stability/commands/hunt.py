@@ -77,7 +77,8 @@ def hunt_command(args: argparse.Namespace) -> int:
 
     from stability.commands.flags import show_progress
     from stability.explore.hunt import hunt
-    from stability.explore.run import found_plugins, no_failure_line, training_line, write_hunt
+    from stability.explore.run import no_failure_line, training_line, write_hunt
+    from stability.sweep.case_file import absolute_plugins
     from stability.sweep.cases import load_case
 
     case = load_case(args.case, args.overrides)
@@ -107,7 +108,7 @@ def hunt_command(args: argparse.Namespace) -> int:
         )
     finally:
         bar.close()
-    plugins = found_plugins(case, args.case, args.plugin)
+    plugins = absolute_plugins(case, args.case, args.plugin)
     path, report = write_hunt(found, args.out, plugins, reproduce=not args.no_reproduce)
     print(f"wrote {path}, {path.with_suffix('.npz').name} and {report}")
     if not found.found:

@@ -18,8 +18,9 @@ def add_zoo_parser(sub: argparse._SubParsersAction) -> None:
         "TerminateOnNaN and check_numerics on it",
         description="Every bug of stability/zoo/bugs (a small Keras GNN reproducing one "
         "public issue, with its ground truth) through the harness and the doctor, and "
-        "through model.fit with Keras' TerminateOnNaN and with tf.debugging's check_numerics; "
-        "writes zoo.csv (one row per bug) and zoo.md (the scoreboard) into --out, and each "
+        "through model.fit with Keras' TerminateOnNaN and with tf.debugging's check_numerics, "
+        "and through stability check (no training); writes zoo.csv (one row per bug) and "
+        "zoo.md (the scoreboard) into --out, and each "
         "bug's runs into <out>/zoo/ (docs/zoo.md).",
     )
     zoo.add_argument("--out", type=Path, default=Path("reports"), help="folder (default: reports)")
@@ -43,6 +44,7 @@ def _say(text: str) -> None:
 
 
 def zoo_command(args: argparse.Namespace) -> int:
+    from stability.check.run import check_bug
     from stability.doctor.run import doctor_many
     from stability.zoo.report import write_zoo_report, zoo_command_line
     from stability.zoo.run import bug_names, run_zoo
@@ -51,7 +53,10 @@ def zoo_command(args: argparse.Namespace) -> int:
     names = bug_names(args.bugs)
     # The zoo scores the doctor without importing it: the two features meet here.
     doctor = partial(doctor_many, **run_options(args), on_stage=_say)
-    entries = run_zoo(args.out / "zoo", doctor, names=names, **run_options(args), on_stage=_say)
+    # And the check, which needs no training (run in the tools' worker processes).
+    entries = run_zoo(
+        args.out / "zoo", doctor, names=names, **run_options(args), on_stage=_say, checker=check_bug
+    )
     csv_path, md_path = write_zoo_report(entries, args.out, zoo_command_line(names))
     print(f"wrote {md_path} and {csv_path}")
     return 0

@@ -9,7 +9,6 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from stability.core.plugins import is_path
 from stability.explore.found_case import write_found_case
 from stability.explore.hunt import Hunt, Training
 from stability.explore.hunt_report import write_hunt_report
@@ -59,14 +58,6 @@ def read_case_file(path: Path, overrides: Sequence[str]) -> tuple[Case, MapCase 
 
 
 # --- hunt ---------------------------------------------------------------------------------
-
-
-def found_plugins(case: Case, case_path: Path, plugins: Sequence[str]) -> list[str]:
-    """The plugins the found case names: the hunted case's (a path read from its folder)
-    and the command line's (a path read from the working folder), paths made absolute."""
-    return [str((case_path.parent / p).resolve()) if is_path(p) else p for p in case.plugins] + [
-        str(Path(p).resolve()) if is_path(p) else p for p in plugins
-    ]
 
 
 def write_hunt(

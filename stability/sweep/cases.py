@@ -23,7 +23,7 @@ from stability.core.errors import CaseError, NameNotFound, StabilityError, did_y
 from stability.core.plugins import load_plugin, plugin_hint
 from stability.data import dataset_parameters, list_datasets
 from stability.model.variants import get_variant, list_variants
-from stability.sweep.settings import MODEL, TABLES, TOP_LEVEL, default, finite_number
+from stability.sweep.settings import CHECK, MODEL, TABLES, TOP_LEVEL, default, finite_number
 
 
 @dataclass(frozen=True)
@@ -62,6 +62,8 @@ class Case:
     #: Intra-op threads each run trains on (``--threads``; not a case key): 1 unless the
     #: rounding spread of another layout is being measured (``stability.train.threads``).
     threads: int = 1
+    #: The ``[check]`` table: what ``stability check`` may assume of the model.
+    check: Mapping[str, Any] = field(default_factory=dict)
 
 
 # key -> (check, what is accepted), from the declared settings.
@@ -69,6 +71,7 @@ _TOP_LEVEL: dict[str, tuple[Callable[[Any], bool], str]] = {
     s.key: (s.check, s.accepted) for s in TOP_LEVEL
 }
 _MODEL: dict[str, tuple[Callable[[Any], bool], str]] = {s.key: (s.check, s.accepted) for s in MODEL}
+_CHECK: dict[str, tuple[Callable[[Any], bool], str]] = {s.key: (s.check, s.accepted) for s in CHECK}
 _TABLES = tuple(TABLES)
 
 
@@ -144,6 +147,10 @@ def case_from_doc(
     _check_keys(source, "model.", model, list(_MODEL))
     for key, value in model.items():
         _check_value(source, f"model.{key}", value, *_MODEL[key])
+    check = _table(source, doc, "check")
+    _check_keys(source, "check.", check, list(_CHECK))
+    for key, value in check.items():
+        _check_value(source, f"check.{key}", value, *_CHECK[key])
     dataset_name, dataset_params = _dataset(source, _table(source, doc, "dataset"))
     for key in PATH_PARAMETERS:
         value = dataset_params.get(key)
@@ -160,7 +167,7 @@ def case_from_doc(
     top["variants"] = variants
     top["learning_rates"] = tuple(float(v) for v in top.get("learning_rates", Case.learning_rates))
     top["overrides"] = tuple(overrides)
-    return Case(**top, **model, dataset=dataset_name, dataset_params=dataset_params)
+    return Case(**top, **model, dataset=dataset_name, dataset_params=dataset_params, check=check)
 
 
 def apply_override(doc: dict[str, Any], override: str) -> None:

@@ -229,8 +229,33 @@ MODEL = (
     ),
 )
 
+#: The ``[check]`` keys: what ``stability check`` may assume of the case's model. Their
+#: values are checked here; the invariant names by ``stability check`` (docs/check.md).
+CHECK = (
+    Setting(
+        "invariants",
+        "list of strings",
+        lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v),
+        "a list of invariant names",
+        ": those that hold for the model (default: all of them; [check.md](check.md)).",
+        computed="every invariant",
+    ),
+    Setting(
+        "cutoff",
+        "number",
+        positive_float,
+        "a number > 0",
+        ": the distance where the model's messages vanish, checked for continuity.",
+        computed="none",
+    ),
+)
+
 #: The tables of a case file, after the top-level keys: table -> what its docs row says.
-TABLES = {"model": "the `[model]` keys", "dataset": "the `[dataset]` keys"}
+TABLES = {
+    "model": "the `[model]` keys",
+    "dataset": "the `[dataset]` keys",
+    "check": "what `stability check` may assume of the model ([check.md](check.md))",
+}
 
 SETTINGS = {s.key: s for s in (*TOP_LEVEL, *MODEL)}
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from stability.core.errors import StabilityError
 from stability.core.failures import CAUSES, Stage
+from stability.core.invariants import INVARIANTS
 
 STAGES = tuple(stage.value for stage in Stage)
 
@@ -30,6 +31,8 @@ class ZooBug:
     - ``cause``: the cause in the harness's vocabulary (``core.failures.CAUSES``).
     - ``fix``: what the maintainers changed, in words.
     - ``silent``: the bug gives a wrong value without any NaN or Inf.
+    - ``invariant``: for a silent bug, the graph invariant it breaks (one of
+      ``INVARIANTS``), else empty.
     """
 
     name: str
@@ -42,9 +45,14 @@ class ZooBug:
     cause: str
     fix: str
     silent: bool = False
+    invariant: str = ""
 
     def __post_init__(self) -> None:
         if self.stage not in STAGES:
             raise StabilityError(f"zoo bug {self.name}: stage {self.stage!r} not one of {STAGES}")
         if self.cause not in CAUSES:
             raise StabilityError(f"zoo bug {self.name}: cause {self.cause!r} not one of {CAUSES}")
+        if self.invariant and self.invariant not in INVARIANTS:
+            raise StabilityError(
+                f"zoo bug {self.name}: invariant {self.invariant!r} not one of {INVARIANTS}"
+            )

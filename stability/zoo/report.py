@@ -50,7 +50,29 @@ ZOO_FIELDS = (
     # the harness's own (issue 43: one failure pipeline for both).
     "nan_sentinel_cause",
     "nan_sentinel_agrees",
+    # Appended: ``stability check`` without training (issue 46), on the bug's own data and on
+    # generated graphs alone; the properties that failed, the first failure's stage and op,
+    # the seconds until it, and whether it names the bug (``check_right``).
+    "invariant",
+    "check_own_data",
+    "check_generated",
+    "check_right",
+    "check_properties_own",
+    "check_properties_generated",
+    "check_stage",
+    "check_op",
+    "check_seconds_own",
+    "check_seconds_generated",
 )
+
+#: The check's goals: detected on own data, from generated graphs alone, and the median
+#: seconds until it detects a bug.
+CHECK_GOALS = {"check_own_data": 0.90, "check_generated": 0.70}
+CHECK_SECONDS_GOAL = 5.0
+
+#: The settings of the check's score (``stability.check.outcome.SETTINGS``), by their
+#: column's suffix.
+_CHECK_SETTINGS = {"own": "own data", "generated": "generated"}
 
 #: (name in the scoreboard, prefix of its columns in ``zoo.csv``, the scores it has).
 TOOLS = (
@@ -128,7 +150,41 @@ def zoo_row(entry: ZooEntry) -> dict[str, str]:
     sentinel = entry.tools.get("nan_sentinel", {})
     row["nan_sentinel_cause"] = sentinel.get("cause") or ""
     row["nan_sentinel_agrees"] = _bool(sentinel_agrees(row))
+    row.update(check_cells(entry.check, bug))
     return row
+
+
+def check_cells(check: dict, bug) -> dict[str, str]:
+    """The check's columns: empty where the check was not run."""
+    cells = {"invariant": bug.invariant}
+    if not check:
+        return {**cells, **{f: "" for f in ZOO_FIELDS[ZOO_FIELDS.index("check_own_data") :]}}
+    own, generated = (check[_CHECK_SETTINGS[k]] for k in ("own", "generated"))
+    first = own if own["detected"] else generated
+    return {
+        **cells,
+        "check_own_data": _bool(own["detected"]),
+        "check_generated": _bool(generated["detected"]),
+        "check_right": _bool(check_right(own, bug) or check_right(generated, bug)),
+        "check_properties_own": ";".join(own["properties"]),
+        "check_properties_generated": ";".join(generated["properties"]),
+        "check_stage": first["stage"] or "",
+        "check_op": first["op"] or "",
+        "check_seconds_own": f"{own['seconds']:.2f}",
+        "check_seconds_generated": f"{generated['seconds']:.2f}",
+    }
+
+
+def check_right(scored: dict, bug) -> bool:
+    """Whether the check names the bug: a silent bug's invariant fails, or the step fails
+    in the bug's stage with its op (a bug that makes a NaN)."""
+    if bug.invariant:
+        return bug.invariant in scored["properties"]
+    return (
+        "step" in scored["properties"]
+        and scored["stage"] == bug.stage
+        and _op_matches(bug.op, scored["op"])
+    )
 
 
 def sentinel_agrees(row: dict[str, str]) -> bool:
@@ -231,6 +287,7 @@ def zoo_markdown(rows: Sequence[dict[str, str]], command: str) -> str:
             )
             + "."
         )
+    lines += ["", "## Without training: `stability check`", "", *_check_section(rows)]
     lines += ["", "## NanSentinel in fit against the harness", "", _agreement(rows)]
     lines += ["", "## Every bug", ""]
     lines += [
@@ -299,4 +356,66 @@ def _cost(rows: Sequence[dict[str, str]]) -> list[str]:
         median = f"{statistics.median(float(r[column]) for r in timed):.3g}" if timed else ""
         ratio = f"{statistics.median(ratios):.2f}" if ratios else ""
         lines.append(f"| {name} | {len(timed)} | {median} | {ratio} |")
+    return lines
+
+
+def _check_section(rows: Sequence[dict[str, str]]) -> list[str]:
+    """The check's score against its goals, and each bug's check, from the rows."""
+    import statistics
+
+    checked = [r for r in rows if r.get("check_own_data")]
+    if not checked:
+        return ["The check was not run on these bugs."]
+    total = len(checked)
+    lines = []
+    names = {
+        "check_own_data": "on the bug's own data",
+        "check_generated": "from generated graphs alone",
+    }
+    for column, goal in CHECK_GOALS.items():
+        hit = [r for r in checked if r[column] == "True"]
+        missed = [r["bug"] for r in checked if r[column] != "True"]
+        rate = len(hit) / total
+        met = "met" if rate >= goal else "**missed**"
+        suffix = column.removeprefix("check_").replace("own_data", "own")
+        seconds = [float(r[f"check_seconds_{suffix}"]) for r in hit]
+        median = ""
+        if seconds:
+            middle = statistics.median(seconds)
+            fast = "met" if middle < CHECK_SECONDS_GOAL else "**missed**"
+            median = (
+                f"; median {middle:.1f} s until it detects a bug, against the goal of under "
+                f"{CHECK_SECONDS_GOAL:.0f} s, {fast}"
+            )
+        named = f"; not detected: {', '.join(f'`{m}`' for m in missed)}" if missed else ""
+        lines.append(
+            f"- {names[column]}: detected {len(hit)}/{total} ({rate:.0%}) against the goal "
+            f"{goal:.0%}, {met}{median}{named}."
+        )
+    silent = [r for r in checked if r["invariant"]]
+    if silent:
+        right = [r for r in silent if r["check_right"] == "True"]
+        lines.append(
+            f"- silent bugs: the check names the invariant the bug breaks on {len(right)} of "
+            f"{len(silent)}."
+        )
+    right = [r for r in checked if r["check_right"] == "True"]
+    lines.append(
+        f"- every bug: the check names the bug (its invariant, or its stage and op) on "
+        f"{len(right)} of {total}."
+    )
+    lines += [
+        "",
+        "| bug | invariant | own data: failing properties | generated: failing properties "
+        "| names it | s (own / generated) |",
+        "| --- | --- | --- | --- | --- | ---: |",
+    ]
+    for r in checked:
+        own = r["check_properties_own"].replace(";", ", ") or "none"
+        generated = r["check_properties_generated"].replace(";", ", ") or "none"
+        lines.append(
+            f"| `{r['bug']}` | {r['invariant'] or '—'} | {own} | {generated} | "
+            f"{'yes' if r['check_right'] == 'True' else 'no'} | "
+            f"{r['check_seconds_own']} / {r['check_seconds_generated']} |"
+        )
     return lines

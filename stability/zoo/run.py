@@ -34,6 +34,9 @@ from stability.zoo.tools import TOOLS, tool_run
 #: case file whose plugin is a ``.py`` path, so the package must be on a file system.)
 BUGS = Path(str(resources.files("stability.zoo.bugs")))
 
+#: The task name of the check among the tools' tasks.
+CHECK = "check"
+
 
 @dataclass
 class ZooEntry:
@@ -44,6 +47,7 @@ class ZooEntry:
     bug: ZooBug
     doctor: Any = None  # the doctor's run of the bug (``Doctor``)
     tools: dict[str, dict] = field(default_factory=dict)
+    check: dict[str, dict] = field(default_factory=dict)  # the ``Checker``'s score
 
 
 def bug_files(folder: Path = BUGS) -> list[Path]:
@@ -79,6 +83,12 @@ def load_bug(path: Path) -> ZooEntry:
 #: zoo does not import the doctor, so the two features stay apart.
 Doctor = Callable[[Sequence[tuple[Case, str, Path]]], Sequence[Any]]
 
+#: The check the zoo scores: ``checker(case_path, variant)`` returns, for each of
+#: ``own data`` and ``generated``, a dict with ``detected``, ``properties``, ``stage``, ``op``
+#: and ``seconds``. The command line passes ``stability.check.run.check_bug``, a module-level
+#: function a worker process can import; the zoo does not import the check.
+Checker = Callable[[str, str], dict]
+
 
 def run_zoo(
     out: Path,
@@ -90,8 +100,9 @@ def run_zoo(
     overwrite: bool = False,
     on_stage: Callable[[str], None] | None = None,
     folder: Path = BUGS,
+    checker: Checker | None = None,
 ) -> list[ZooEntry]:
-    """Every bug (or those in ``names``) through the doctor and the tools."""
+    """Every bug (or those in ``names``) through the doctor, the tools and ``checker``."""
     say = on_stage or (lambda text: None)
     entries = [load_bug(path) for path in bug_files(folder)]
     if names:
@@ -105,14 +116,19 @@ def run_zoo(
     requests = [(e.case, e.bug.variant, out / f"{e.case.name}.doctor") for e in entries]
     for entry, run in zip(entries, doctor(requests), strict=True):
         entry.doctor = run
-    say(f"running {', '.join(TOOLS)} on {len(entries)} bugs")
-    run_tools(entries, workers, progress)
+    say(f"running {', '.join(TOOLS)}{' and the check' if checker else ''} on {len(entries)} bugs")
+    run_tools(entries, workers, progress, checker)
     return entries
 
 
-def run_tools(entries: Sequence[ZooEntry], workers: int, progress: bool) -> None:
-    """Every tool on every bug, in ``workers`` spawned processes of the runs' layout."""
+def run_tools(
+    entries: Sequence[ZooEntry], workers: int, progress: bool, checker: Checker | None = None
+) -> None:
+    """Every tool (and ``checker``) on every bug, in ``workers`` spawned processes of the
+    runs' layout."""
     tasks = [(entry, tool) for entry in entries for tool in TOOLS]
+    if checker is not None:
+        tasks += [(entry, CHECK) for entry in entries]
     modules = variant_modules([e.bug.variant for e in entries])
     context = multiprocessing.get_context("spawn")
     bar = tqdm(total=len(tasks), desc="tools", unit="run", disable=not progress)
@@ -123,9 +139,19 @@ def run_tools(entries: Sequence[ZooEntry], workers: int, progress: bool) -> None
         initargs=(1, 1, modules, list(sys.path)),
     ) as pool:
         futures = [
-            (entry, tool, pool.submit(tool_run, str(entry.path), tool)) for entry, tool in tasks
+            (
+                entry,
+                tool,
+                pool.submit(checker, str(entry.path), entry.bug.variant)
+                if tool == CHECK
+                else pool.submit(tool_run, str(entry.path), tool),
+            )
+            for entry, tool in tasks
         ]
         for entry, tool, future in futures:
-            entry.tools[tool] = future.result()
+            if tool == CHECK:
+                entry.check = future.result()
+            else:
+                entry.tools[tool] = future.result()
             bar.update(1)
     bar.close()

@@ -145,4 +145,5 @@ BUG = ZooBug(
         "instead of 0.3"
     ),
     silent=True,
+    invariant="edge_order",
 )

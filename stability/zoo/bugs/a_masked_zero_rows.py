@@ -119,4 +119,5 @@ BUG = ZooBug(
         "never masked, or leave such nodes out of the graph) instead of zeroing its row"
     ),
     silent=True,
+    invariant="attention_normalization",
 )

@@ -113,4 +113,5 @@ BUG = ZooBug(
     cause="normalization",
     fix="PR #1707 reverted: each group's own scatter_max is subtracted again",
     silent=True,
+    invariant="attention_normalization",
 )
