@@ -7,8 +7,9 @@ import pandas as pd
 import pytest
 
 from stability.core.environment import describe, differences, parse, same_environment
+from stability.core.errors import StabilityError
 from stability.report.agreement import ACROSS, EXACT, compare_rows, epoch_allowance
-from stability.report.spread import measure, spread_markdown
+from stability.report.spread import carried_layouts, measure, spread_markdown, stack_layouts
 
 HERE = describe("1x1")
 OTHER_THREADS = describe("2x1")
@@ -150,3 +151,41 @@ def test_a_verdict_that_flips_with_the_layout_is_counted():
     assert "2 rerun(s) failed where the reference stayed finite" in spread_markdown(
         "seed", frame, spread
     )
+
+
+def on_cpu(frame: pd.DataFrame, cpu: str) -> pd.DataFrame:
+    """``frame``'s rows as if trained on a CPU described by ``cpu``."""
+    return frame.assign(
+        environment=frame["environment"].str.replace(r", cpu .*$", f", cpu {cpu}", regex=True)
+    )
+
+
+def test_rows_of_another_cpu_join_the_spread_as_layouts_of_their_own():
+    nan = math.nan
+    here = spread_rows({"1x1": [50, 100], "2x1": [50, 100]}, {"1x1": [nan] * 2, "2x1": [nan] * 2})
+    zen3 = on_cpu(
+        spread_rows({"1x1": [60, 100], "8x1": [50, 101]}, {"1x1": [nan] * 2, "8x1": [nan] * 2}),
+        "AMD EPYC; x86_64; family/model/stepping 25/1/1; flags avx",
+    )
+    reference = here[here["threads"] == "1x1"]
+    theirs = carried_layouts(pd.concat([here, zen3]), parse(HERE)["cpu"], reference, "x.csv")
+    assert list(theirs) == ["1x1 on AMD EPYC 25/1/1", "8x1 on AMD EPYC 25/1/1", "1x1", "2x1"]
+    frames = {"1x1": reference, **{k: v for k, v in theirs.items() if k != "1x1"}}
+    frame = stack_layouts(frames)
+    spread = measure(frame)
+    assert spread.layouts == ("1x1", "1x1 on AMD EPYC 25/1/1", "8x1 on AMD EPYC 25/1/1", "2x1")
+    assert spread.overall.epoch == pytest.approx(0.2)
+    text = spread_markdown("seed", frame, spread)
+    assert "the other CPUs: AMD EPYC 25/1/1." in text
+
+
+def test_carried_rows_must_be_runs_of_the_reference_and_say_where_they_ran():
+    nan = math.nan
+    rows = spread_rows({"1x1": [50]}, {"1x1": [nan]})
+    other_data = rows.assign(dataset="e")
+    with pytest.raises(StabilityError, match=r"^x.csv: none of its rows is a run of the"):
+        carried_layouts(other_data, "cpu", rows, "x.csv")
+    with pytest.raises(StabilityError, match="record its CPU and threads"):
+        carried_layouts(rows.assign(environment=""), "cpu", rows, "x.csv")
+    with pytest.raises(StabilityError, match="it lacks dataset"):
+        carried_layouts(rows.drop(columns="dataset"), "cpu", rows, "x.csv")

@@ -37,10 +37,11 @@ BAD_GRAPHS = {
 
 
 def builder(name):
+    # Without a key, as a registered builder writes them: errors name the registry's key.
     def build(*, seed: int = 0) -> Dataset:
         if name == "empty":
-            return Dataset(key=name, train=[], val=[])
-        return Dataset(key=name, train=[graph(), BAD_GRAPHS[name]], val=[graph()])
+            return Dataset(train=[], val=[])
+        return Dataset(train=[graph(), BAD_GRAPHS[name]], val=[graph()])
 
     return build
 
@@ -81,43 +82,44 @@ TABLE = [
     pytest.param(
         {"c.toml": case_on("nan_edges")},
         RUN,
-        "data set nan_edges: graph 1: edges hold non-finite distances" + ALLOW,
+        "data set nan_edges(seed=0): graph 1: edges hold non-finite distances" + ALLOW,
         id="data-nan-distance",
     ),
     pytest.param(
         {"c.toml": case_on("inf_edges")},
         RUN,
-        "data set inf_edges: graph 1: edges hold non-finite distances" + ALLOW,
+        "data set inf_edges(seed=0): graph 1: edges hold non-finite distances" + ALLOW,
         id="data-inf-distance",
     ),
     pytest.param(
         {"c.toml": case_on("neg_edges")},
         RUN,
-        "data set neg_edges: graph 1: edges hold negative distances (min -1)",
+        "data set neg_edges(seed=0): graph 1: edges hold negative distances (min -1)",
         id="data-negative-distance",
     ),
     pytest.param(
         {"c.toml": case_on("dangling")},
         RUN,
-        "data set dangling: graph 1: receivers points at node 5 (or 1), but the graph has 3 nodes",
+        "data set dangling(seed=0): graph 1: receivers points at node 5 (or 1), but the graph "
+        "has 3 nodes",
         id="data-missing-node",
     ),
     pytest.param(
         {"c.toml": case_on("nan_target")},
         RUN,
-        "data set nan_target: graph 1: target nan is not finite" + ALLOW,
+        "data set nan_target(seed=0): graph 1: target nan is not finite" + ALLOW,
         id="data-nan-target",
     ),
     pytest.param(
         {"c.toml": case_on("few_features")},
         RUN,
-        "data set few_features: graph 1: nodes have 2 features, graph 0 has 3",
+        "data set few_features(seed=0): graph 1: nodes have 2 features, graph 0 has 3",
         id="data-feature-count",
     ),
     pytest.param(
         {"c.toml": case_on("empty")},
         RUN,
-        "data set empty: needs at least one training and one validation graph, got 0 and 0",
+        "data set empty(seed=0): needs at least one training and one validation graph, got 0 and 0",
         id="data-empty",
     ),
     # cases

@@ -12,7 +12,9 @@ from stability.core.errors import StabilityError
 from stability.report.compare import Tolerances, _fraction, compare_results, load_results_dir
 
 ROOT = Path(__file__).parent.parent
-BASELINE = ROOT / "reports" / "baseline"
+#: Rows without an environment (tests/test_old_csv.py), so compared across environments: the
+#: tolerances below are what these tests exercise.
+BASELINE = ROOT / "tests" / "data" / "old_baseline"
 
 
 @pytest.fixture(scope="module")
@@ -123,6 +125,19 @@ def test_different_data_or_settings_are_said_per_row_and_not_a_regression(baseli
     others = table.drop(index=first)
     assert others["status"].str.startswith("not comparable: epochs differ (").all()
     assert not table["changed"].any()
+
+
+def test_all_comparable_fails_a_gate_whose_baseline_is_of_other_data(tmp_path):
+    new = tmp_path / "new"
+    shutil.copytree(BASELINE, new)
+    frame = pd.read_csv(new / "seed.csv")
+    frame["dataset"] = "synthetic(other)"
+    frame.to_csv(new / "seed.csv", index=False)
+    args = ("compare", str(new), str(BASELINE))
+    assert stability(*args, cwd=tmp_path).returncode == 0
+    strict = stability(*args, "--all-comparable", cwd=tmp_path)
+    assert strict.returncode == 1
+    assert "--all-comparable: 9 row(s)" in strict.stdout
 
 
 def test_rows_of_one_recorded_environment_are_compared_exactly(baseline):

@@ -62,7 +62,7 @@ def test_a_user_runs_the_walkthrough_in_a_fresh_folder(tmp_path):
     assert done.returncode == 0, done.stderr
     rows = pd.read_csv(tmp_path / "reports" / "my_case.csv")
     assert sorted(rows["variant"]) == ["raw_e", "stable_softmax", "tanh_logit"]
-    assert rows["dataset"].str.startswith("structures(file='molecules.extxyz',sha256=").all()
+    assert rows["dataset"].str.startswith("structures(path='molecules.extxyz',").all()
     report = (tmp_path / "reports" / "my_case.md").read_text()
     assert "| tanh_logit" in report
     assert "naive softmax on logits squashed" in report  # the variant's docstring

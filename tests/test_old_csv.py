@@ -6,7 +6,9 @@ from stability.core.results import ADDED_RESULT_FIELDS, RESULT_FIELDS
 from stability.report.compare import compare_results, load_results_dir
 from stability.report.writer import read_results, summary_table
 
-BASELINE = Path(__file__).parent.parent / "reports" / "baseline"
+#: The claim cases' CSVs as committed on 2026-11-29, before the failure_kind column: an old
+#: baseline folder as users keep them.
+BASELINE = Path(__file__).parent / "data" / "old_baseline"
 
 
 def test_an_old_results_csv_reads_with_the_new_columns_empty():

@@ -59,7 +59,9 @@ def test_the_failing_layer_and_op_of_each_failing_setting_are_listed():
 
 
 def test_divergence_is_shown_beside_the_warnings_from_the_rows(tmp_path):
-    frame = read_results(REPORTS / "seed.csv")
+    # The committed rows without their divergences (stable_softmax seed 0 diverges at epoch
+    # 187 on the CPU that made them): the column shows only where a row has one.
+    frame = read_results(REPORTS / "seed.csv").assign(diverged_epoch=float("nan"))
     assert "diverged (before any NaN)" not in summary_table(frame)
     plain = write_reports(frame, tmp_path, "seed").read_text()
     assert "diverged_epoch" not in plain

@@ -255,6 +255,6 @@ def test_resume_notices_an_edited_structure_file(folder, capsys):
     write_structures(folder, edited)
     code, err = run(folder, capsys, "--resume")
     assert code == 2
-    assert "holds runs on data set structures(file='m.extxyz',sha256=" in err
+    assert "holds runs on data set structures(path='m.extxyz',target='y'," in err
     assert "the data or its file changed" in err
     assert (folder / "out" / "c.csv").read_text() == before

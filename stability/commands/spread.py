@@ -36,7 +36,8 @@ def add_spread_parser(sub: argparse._SubParsersAction) -> None:
         default=(1, 2, 8),
         metavar="N,M,...",
         help="intra-op thread counts to train on; the first is the reference unless "
-        "--reference is given (default: 1,2,8)",
+        "--reference is given; none trains nothing, for a spread of --other CPUs alone "
+        "(default: 1,2,8)",
     )
     spread.add_argument(
         "--reference",
@@ -44,6 +45,17 @@ def add_spread_parser(sub: argparse._SubParsersAction) -> None:
         metavar="CSV",
         help="a results CSV of the case (e.g. reports/seed.csv) whose rows stand for the "
         "reference layout they record, instead of training it",
+    )
+    spread.add_argument(
+        "--other",
+        type=Path,
+        action="append",
+        default=[],
+        metavar="CSV",
+        help="rows of the case trained elsewhere (a results or spread CSV, e.g. a copy of "
+        "another CPU's reports/seed.csv); each of its layouts not trained in this call "
+        "joins the spread, named '<threads> on <cpu>' for another CPU. Repeatable; passing "
+        "the spread CSV being rewritten keeps the layouts it measured before",
     )
     spread.add_argument(
         "--variants", help="comma-separated variants to measure (default: the case's)"
@@ -61,18 +73,29 @@ def add_spread_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def _thread_counts(text: str) -> tuple[int, ...]:
+    if text.strip() == "none":
+        return ()
     counts = tuple(positive_int(part.strip()) for part in text.split(",") if part.strip())
     if not counts or len(set(counts)) != len(counts):
-        raise argparse.ArgumentTypeError(f"{text!r}: expected distinct counts such as 1,2,8")
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: expected distinct counts such as 1,2,8, or none"
+        )
     return counts
 
 
 def spread_command(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
-    from stability.core.environment import parse
+    from stability.core.environment import cpu, parse
     from stability.core.files import atomic_write_text
-    from stability.report.spread import measure, spread_markdown, spread_path, stack_layouts
+    from stability.report.spread import (
+        carried_layouts,
+        measure,
+        read_rows,
+        spread_markdown,
+        spread_path,
+        stack_layouts,
+    )
     from stability.report.writer import read_results
     from stability.sweep.cases import load_case
     from stability.sweep.runner import run_case
@@ -93,6 +116,9 @@ def spread_command(args: argparse.Namespace) -> int:
                 f"environment column; they record {sorted(layouts)}"
             )
         frames[layouts.pop()] = frame
+    if not args.layouts and (args.reference is None or not args.other):
+        raise StabilityError("--layouts none needs --reference and --other: nothing to compare")
+    others = [(path, read_rows(path)) for path in args.other]
     check_writable(args.out)
     for threads in args.layouts:
         folder = args.out / "spread" / case.name / f"threads-{threads}"
@@ -105,6 +131,12 @@ def spread_command(args: argparse.Namespace) -> int:
             workers=args.workers,
         )
         frames[f"{threads}x1"] = read_results(folder / f"{case.name}.csv")
+    runs = next(iter(frames.values()))
+    for path, frame in others:
+        frame = frame[(frame["case"] == case.name) & frame["variant"].isin(case.variants)]
+        carried = carried_layouts(frame, cpu(), runs, str(path))
+        # A layout trained in this call is measured afresh, not carried.
+        frames.update({name: rows for name, rows in carried.items() if name not in frames})
     stacked = stack_layouts(frames)
     spread = measure(stacked)
     path = spread_path(args.out, case.name)

@@ -15,6 +15,7 @@ from stability.data import (  # noqa: F401  (registration)
 from stability.data.registry import (
     Dataset,
     dataset_from_key,
+    dataset_key,
     dataset_parameters,
     list_datasets,
     load_dataset,
@@ -24,6 +25,7 @@ from stability.data.registry import (
 __all__ = [
     "Dataset",
     "dataset_from_key",
+    "dataset_key",
     "dataset_parameters",
     "list_datasets",
     "load_dataset",

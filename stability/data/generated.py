@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Mapping
 
 from stability.core.environment import version
 from stability.core.errors import DataError, StabilityError
-from stability.data.registry import Dataset, key_call, register_dataset
+from stability.data.registry import Dataset, dataset_key, key_call, register_dataset
 from stability.data.strategies import generated_dataset
 
 
-@register_dataset
+def drawn_by(arguments: Mapping[str, object]) -> dict[str, object]:
+    """The key's ``hypothesis``: the version given, or else the installed one, which draws."""
+    return {"hypothesis": arguments["hypothesis"] or version("hypothesis")}
+
+
+@register_dataset(key_facts=drawn_by)
 def generated(
     *,
     seed: int = 0,
@@ -33,10 +37,9 @@ def generated(
 ) -> Dataset:
     """Graphs drawn by ``stability.data.strategies.graphs``, reproducibly from ``seed``.
 
-    ``distribution`` is one of ``stability.data.strategies.DISTRIBUTIONS`` or "any". The key
-    (the CSV ``dataset`` column) is a call with every argument; ``dataset_from_key`` rebuilds
-    the same graphs from it. A draw depends on Hypothesis' version, so the key names the one
-    that drew it (``hypothesis``; empty: the installed one), and a key drawn by another
+    ``distribution`` is one of ``stability.data.strategies.DISTRIBUTIONS`` or "any". A draw
+    depends on Hypothesis' version, so the key names the one that drew it (``hypothesis``;
+    empty: the installed one, whose version the key writes), and a key drawn by another
     version is refused rather than redrawn into other graphs under the same name.
     """
     installed = version("hypothesis")
@@ -46,12 +49,10 @@ def generated(
             f"hypothesis {installed}, whose draw may differ; install hypothesis=={hypothesis} "
             'or draw it anew (hypothesis = "")'
         )
-    key = generated_key(locals())
     return generated_dataset(
         seed=seed,
         num_graphs=num_graphs,
         val_fraction=val_fraction,
-        key=key,
         min_nodes=min_nodes,
         max_nodes=max_nodes,
         min_edges=min_edges,
@@ -78,10 +79,5 @@ def drawn_with(key: str) -> str | None:
 
 
 def generated_key(params: Mapping[str, object]) -> str:
-    """The key (the CSV ``dataset`` column) of ``generated(**params)``, without drawing it:
-    a call with every argument, defaults filled in, in the signature's order, with the
-    installed Hypothesis version where none is given."""
-    signature = inspect.signature(generated).parameters
-    args = {name: params.get(name, p.default) for name, p in signature.items()}
-    args["hypothesis"] = args["hypothesis"] or version("hypothesis")
-    return "generated(" + ",".join(f"{name}={value!r}" for name, value in args.items()) + ")"
+    """The key (the CSV ``dataset`` column) of ``generated(**params)``, without drawing it."""
+    return dataset_key("generated", params)

@@ -76,11 +76,7 @@ def g2(
         )
         for n in val_names
     ]
-    key = (
-        f"g2(seed={seed},cutoff={cutoff:g},val_fraction={val_fraction:g},"
-        f"perturbed_copies={perturbed_copies},displacement={displacement:g})"
-    )
-    return Dataset(key=key, train=train, val=val, cutoff=cutoff)
+    return Dataset(train=train, val=val, cutoff=cutoff)
 
 
 def _molecule_graph(

@@ -23,7 +23,7 @@ import numpy as np
 from stability.core.errors import DataError
 from stability.data.graphs import Graph
 from stability.data.registry import Dataset, register_dataset
-from stability.data.structures import file_digest
+from stability.data.structures import file_facts
 
 #: The arrays every file holds, besides ``targets`` (or ``globals``).
 ARRAYS = ("nodes", "edges", "senders", "receivers", "n_node", "n_edge")
@@ -54,19 +54,14 @@ def save_graphs(graphs: Sequence[Graph], path: str | Path) -> Path:
     return path if path.suffix == ".npz" else path.with_name(path.name + ".npz")
 
 
-@register_dataset
+@register_dataset(key_facts=file_facts)
 def npz(*, path: str = "", seed: int = 0, val_fraction: float = 0.2) -> Dataset:
     """Graphs from a ``.npz`` in jraph's GraphsTuple layout (``stability.data.npz``), split
     by graph: ``val_fraction`` of them drawn with ``seed``."""
     if not path:
         raise DataError("data set npz: set dataset.path to a .npz file (docs/plugins.md)")
-    file = Path(path)
-    graphs = read_graphs(file)
-    key = (
-        f"npz(file={file.name!r},sha256={file_digest(file)!r},seed={seed},"
-        f"val_fraction={val_fraction:g})"
-    )
-    return Dataset.from_graphs(key, graphs, seed=seed, val_fraction=val_fraction)
+    graphs = read_graphs(Path(path))
+    return Dataset.split(graphs, seed=seed, val_fraction=val_fraction)
 
 
 def read_graphs(file: Path) -> list[Graph]:

@@ -291,8 +291,9 @@ def datasets(
     )
 
 
-def split_dataset(graphs: list[Graph], val_fraction: float, key: str) -> Dataset:
-    """A ``Dataset`` whose last ``max(1, round(val_fraction * len(graphs)))`` graphs validate."""
+def split_dataset(graphs: list[Graph], val_fraction: float, key: str | None = None) -> Dataset:
+    """A ``Dataset`` whose last ``max(1, round(val_fraction * len(graphs)))`` graphs validate;
+    without a ``key``, one that ``load_dataset`` keys."""
     num_val = min(len(graphs) - 1, max(1, round(len(graphs) * val_fraction)))
     return Dataset(key=key, train=graphs[:-num_val], val=graphs[-num_val:])
 
@@ -302,17 +303,17 @@ def generated_dataset(
     seed: int,
     num_graphs: int,
     val_fraction: float,
-    key: str,
     **graph_args: Any,
 ) -> Dataset:
     """``num_graphs`` graphs of ``graphs(**graph_args)``, graph ``i`` drawn with seed
-    ``"{seed}/{i}"``, split as in ``datasets``. Bad arguments raise ``StabilityError``."""
+    ``"{seed}/{i}"``, split as in ``datasets``, for ``load_dataset`` to key. Bad arguments
+    raise ``StabilityError``."""
     try:
         strategy = graphs(**graph_args)
     except InvalidArgument as exc:
         raise StabilityError(f"data set generated: {exc}") from None
     drawn = [draw(strategy, seed=f"{seed}/{i}") for i in range(num_graphs)]
-    return split_dataset(drawn, val_fraction, key)
+    return split_dataset(drawn, val_fraction)
 
 
 def _check_size(name: str, low: int, high: int, lowest: int = 0) -> None:

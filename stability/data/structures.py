@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +29,15 @@ DIGEST_CHARS = 12
 _INDEX = re.compile(r"^\s*(-?\d+)?\s*(?::\s*(-?\d+)?\s*(?::\s*(-?\d+)?\s*)?)?$")
 
 
-@register_dataset
+def file_facts(arguments: Mapping[str, object]) -> dict[str, object]:
+    """How a key names the file at ``arguments["path"]``: by its name, so that the key is the
+    same wherever the folder is, and by the SHA-256 of its bytes, so that a changed file
+    gets another key."""
+    file = Path(str(arguments["path"]))
+    return {"path": file.name, "sha256": file_digest(file)}
+
+
+@register_dataset(key_facts=file_facts)
 def structures(
     *,
     path: str = "",
@@ -67,13 +76,9 @@ def structures(
         _structure_graph(atoms, elements, cutoff, target, file, number)
         for atoms, number in zip(atoms_list, numbering, strict=True)
     ]
-    key = (
-        f"structures(file={file.name!r},sha256={file_digest(file)!r},target={target!r},"
-        f"cutoff={cutoff:g},index={index!r},seed={seed},val_fraction={val_fraction:g})"
-    )
     if len(graphs) < 2:
         raise DataError(f"{file}: needs at least 2 structures to split, found {len(graphs)}")
-    return Dataset.from_graphs(key, graphs, seed=seed, val_fraction=val_fraction, cutoff=cutoff)
+    return Dataset.split(graphs, seed=seed, val_fraction=val_fraction, cutoff=cutoff)
 
 
 def file_digest(path: Path) -> str:

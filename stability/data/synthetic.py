@@ -64,13 +64,7 @@ def synthetic(
     ]
     num_val = max(1, round(num_graphs * val_fraction))
     order = rng.permutation(num_graphs)
-    key = (
-        f"synthetic(seed={seed},num_graphs={num_graphs},nodes={min_nodes}-{max_nodes},"
-        f"box={box:g},min_distance={min_distance:g},cutoff={cutoff:g},types={num_types},"
-        f"attend={attend})"
-    )
     return Dataset(
-        key=key,
         train=[graphs[i] for i in order[num_val:]],
         val=[graphs[i] for i in order[:num_val]],
         cutoff=cutoff,

@@ -21,7 +21,8 @@ version), epochs or seeds is "not comparable", said per row, and never counted a
 verdict: a different MAE on different data is no regression.
 
 ``python -m stability compare NEW_DIR BASELINE_DIR`` prints the diff table and exits 1 when
-a verdict changed, 2 on bad input, 0 otherwise.
+a verdict changed (or, with ``--all-comparable``, when a row is not comparable), 2 on bad
+input, 0 otherwise.
 """
 
 from __future__ import annotations
@@ -292,6 +293,13 @@ def add_compare_parser(sub: argparse._SubParsersAction) -> None:
         help="across environments: allowed worsening of a run's final MAE, as a fraction of "
         "the baseline's (default: the measured spread where there is one, else not compared)",
     )
+    compare.add_argument(
+        "--all-comparable",
+        action="store_true",
+        help="fail (exit 1) when a row is not comparable (other data, epochs or seeds), "
+        "for a gate whose baseline must hold the very runs it reruns; by default such a "
+        "row is reported and not counted",
+    )
     compare.set_defaults(plugin=[])  # compare reads CSVs only: no variant modules to import
 
 
@@ -317,6 +325,9 @@ def compare_command(args: argparse.Namespace) -> int:
         )
     if changed.any():
         print(f"\n{int(changed.sum())} verdict(s) changed against {args.baseline}")
+        return EXIT_VERDICT_CHANGED
+    if apart and args.all_comparable:
+        print(f"\n--all-comparable: {apart} row(s) of {args.baseline} could not be compared")
         return EXIT_VERDICT_CHANGED
     print(f"\nno verdict changed against {args.baseline}")
     return 0

@@ -7,6 +7,11 @@ the tolerance that a comparison across environments may allow (``stability.repor
 measured, not guessed. ``python -m stability spread CASE`` trains the reruns and writes
 ``<case>.spread.csv`` (every run on every layout, one row each) and ``<case>.spread.md``;
 ``compare`` and the headline test read the CSV from the baseline's folder.
+
+Thread layouts are not the whole of it: another CPU picks other kernels (vector width, cache
+blocking), and on some CPUs the thread count moves nothing at all. So a spread also takes the
+rows of the case trained on other CPUs (``--other``, ``carried_layouts``), each of their
+layouts one more layout of the spread, named ``<threads> on <cpu>``.
 """
 
 from __future__ import annotations
@@ -43,6 +48,59 @@ RUN = ["case", "variant", "seed", "dataset", "batch_size", "learning_rate"]
 
 def spread_path(folder: Path, case: str) -> Path:
     return Path(folder) / f"{case}.spread.csv"
+
+
+def cpu_name(environment: str) -> str:
+    """A CPU's short name from a row's environment: its model and family/model/stepping
+    (``AMD EPYC 25/1/1``), or its whole description where it has no such identity."""
+    text = parse(environment).get("cpu", "")
+    parts = text.split("; ")
+    ident = next((p.split(" ", 1)[1] for p in parts if p.startswith("family/model/stepping ")), "")
+    return f"{parts[0]} {ident}".strip() if ident else text
+
+
+def read_rows(path: Path) -> pd.DataFrame:
+    """A results or spread CSV's rows, for ``other_cpu_layouts``; one-line errors."""
+    path = Path(path)
+    if not path.is_file():
+        raise StabilityError(f"{path}: no such results or spread CSV")
+    try:
+        return pd.read_csv(path, dtype={"threads": str})
+    except (OSError, ValueError, pd.errors.ParserError) as exc:
+        raise StabilityError(f"{path}: not a results or spread CSV ({exc})") from None
+
+
+def carried_layouts(
+    frame: pd.DataFrame, here: str, runs: pd.DataFrame, source: str
+) -> dict[str, pd.DataFrame]:
+    """The layouts of ``frame``'s rows (a results or spread CSV, ``source``), as {name: rows},
+    for the runs in ``runs`` (the reference's). A layout of this machine's CPU (``here``, the
+    ``cpu`` of an environment) is named by its threads (``2x1``), one of another CPU by both
+    (``1x1 on AMD EPYC 25/1/1``): rows trained elsewhere carried into a spread measured here."""
+    missing = [c for c in (*RUN, "environment") if c not in frame]
+    if missing:
+        lacks = ", ".join(missing)
+        raise StabilityError(f"{source}: not a results or spread CSV, it lacks {lacks}")
+    facts = frame["environment"].fillna("").map(parse)
+    cpus = facts.map(lambda f: f.get("cpu", ""))
+    threads = facts.map(lambda f: f.get("threads", ""))
+    if (cpus == "").any() or (threads == "").any():
+        raise StabilityError(
+            f"{source}: every row must record its CPU and threads in its environment column"
+        )
+    kept = frame.assign(_cpu=cpus, _threads=threads).merge(runs[RUN].drop_duplicates(), on=RUN)
+    if kept.empty:
+        raise StabilityError(
+            f"{source}: none of its rows is a run of the reference's (by {', '.join(RUN)})"
+        )
+    layouts: dict[str, pd.DataFrame] = {}
+    for (cpu, layout), rows in kept.groupby(["_cpu", "_threads"], sort=True):
+        name = layout if cpu == here else f"{layout} on {cpu_name(rows['environment'].iloc[0])}"
+        # Two CPUs of one model that differ in flags or caches keep apart by their whole line.
+        layouts[f"{layout} on {cpu}" if name in layouts else name] = rows.drop(
+            columns=["_cpu", "_threads"]
+        )
+    return layouts
 
 
 def stack_layouts(frames: dict[str, pd.DataFrame]) -> pd.DataFrame:
@@ -173,7 +231,13 @@ def read_spread(folder: Path, case: str) -> Spread | None:
 def spread_markdown(case: str, frame: pd.DataFrame, spread: Spread) -> str:
     """``<case>.spread.md``: what rerunning on other layouts moved, from the rows."""
     moves = spread.overall
-    envs = sorted({parse(e).get("cpu", "") for e in frame["environment"].dropna()} - {""})
+    layouts = frame.assign(threads=frame["threads"].astype(str))
+    cpus = {
+        layout: cpu_name(rows["environment"].dropna().iloc[0])
+        for layout, rows in layouts.groupby("threads", sort=False)
+        if rows["environment"].notna().any()
+    }
+    here = cpus.get(spread.reference, "")
     others = ", ".join(spread.layouts[1:])
     lines = [
         f"# Rounding spread: {case}",
@@ -183,8 +247,13 @@ def spread_markdown(case: str, frame: pd.DataFrame, spread: Spread) -> str:
         f"{moves.failed} of which failed on the reference layout.",
         "",
     ]
-    if envs:
-        lines += [f"CPU: {'; '.join(envs)}.", ""]
+    if here:
+        elsewhere = sorted(set(cpus.values()) - {here})
+        lines += [
+            f"The reference's CPU: {here}"
+            + (f"; the other CPUs: {', '.join(elsewhere)}." if elsewhere else "."),
+            "",
+        ]
     if moves.failed:
         lines.append(
             f"- First-failure epoch: {moves.moved} rerun(s) moved it; the largest move is "

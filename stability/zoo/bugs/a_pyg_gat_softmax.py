@@ -50,11 +50,7 @@ def a_pyg_raw_features(
     for g in [*base.train, *base.val]:
         raw = rng.uniform(0.0, scale, size=(g.num_nodes, descriptors))
         graphs.append(dataclasses.replace(g, nodes=np.hstack([g.nodes, raw]), source_index=None))
-    key = (
-        f"a_pyg_raw_features(seed={seed},num_graphs={num_graphs},scale={scale!r},"
-        f"descriptors={descriptors},val_fraction={val_fraction!r})"
-    )
-    return Dataset.from_graphs(key, graphs, seed=seed, val_fraction=val_fraction)
+    return Dataset.split(graphs, seed=seed, val_fraction=val_fraction)
 
 
 def softmax(src, index, num_nodes):

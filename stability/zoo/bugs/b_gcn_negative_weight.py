@@ -21,8 +21,8 @@ import tensorflow as tf
 
 from stability import Recipe, register_variant
 from stability.data import Dataset, register_dataset
-from stability.data.graphs import Graph
 from stability.zoo.bug import ZooBug
+from stability.zoo.bugs._molecules import molecule_graph
 
 
 class GCNLayer(keras.layers.Layer):
@@ -88,23 +88,8 @@ def zoo_b_dense_molecules(
         n = int(rng.integers(min_atoms, max_atoms + 1))
         pos = rng.uniform(0.0, 2.5, (n, 3))
         types = rng.integers(0, 3, len(pos))
-        dist = np.linalg.norm(pos[:, None] - pos[None], axis=-1)
-        senders, receivers = np.nonzero((dist < cutoff) & ~np.eye(len(pos), dtype=bool))
-        graphs.append(
-            Graph(
-                nodes=np.eye(3)[types],
-                edges=dist[senders, receivers][:, None],
-                senders=senders.astype(np.int32),
-                receivers=receivers.astype(np.int32),
-                target=float(len(senders) / 2 + types.sum()),
-            )
-        )
-    key = (
-        f"zoo_b_dense_molecules(seed={seed},num_graphs={num_graphs},min_atoms={min_atoms},"
-        f"max_atoms={max_atoms},cutoff={cutoff!r},"
-        f"val_fraction={val_fraction!r})"
-    )
-    return Dataset.from_graphs(key, graphs, seed=seed, val_fraction=val_fraction)
+        graphs.append(molecule_graph(pos, types, cutoff))
+    return Dataset.split(graphs, seed=seed, val_fraction=val_fraction)
 
 
 @register_variant

@@ -24,8 +24,8 @@ import tensorflow as tf
 
 from stability import Recipe, register_variant
 from stability.data import Dataset, register_dataset
-from stability.data.graphs import Graph
 from stability.zoo.bug import ZooBug
+from stability.zoo.bugs._molecules import molecule_graph
 
 NUM_ELEMENTS = 3
 CUTOFF = 2.0
@@ -123,22 +123,10 @@ def zoo_b_ions_with_positions(
         if rng.random() < ion_fraction:
             pos = np.vstack([pos, [[10.5, 1.0, 1.0]]])
         types = rng.integers(0, NUM_ELEMENTS, len(pos))
-        dist = np.linalg.norm(pos[:, None] - pos[None], axis=-1)
-        senders, receivers = np.nonzero((dist < CUTOFF) & ~np.eye(len(pos), dtype=bool))
         graphs.append(
-            Graph(
-                nodes=np.hstack([np.eye(NUM_ELEMENTS)[types], pos]),
-                edges=dist[senders, receivers][:, None],
-                senders=senders.astype(np.int32),
-                receivers=receivers.astype(np.int32),
-                target=float(len(senders) / 2 + types.sum()),
-            )
+            molecule_graph(pos, types, CUTOFF, num_elements=NUM_ELEMENTS, positions_in_nodes=True)
         )
-    key = (
-        f"zoo_b_ions_with_positions(seed={seed},num_graphs={num_graphs},min_atoms={min_atoms},"
-        f"max_atoms={max_atoms},ion_fraction={ion_fraction!r},val_fraction={val_fraction!r})"
-    )
-    return Dataset.from_graphs(key, graphs, seed=seed, val_fraction=val_fraction)
+    return Dataset.split(graphs, seed=seed, val_fraction=val_fraction)
 
 
 @register_variant

@@ -28,8 +28,8 @@ import tensorflow as tf
 
 from stability import Recipe, register_variant
 from stability.data import Dataset, register_dataset
-from stability.data.graphs import Graph
 from stability.zoo.bug import ZooBug
+from stability.zoo.bugs._molecules import molecule_graph
 
 CUTOFF = 3.0
 
@@ -121,23 +121,8 @@ def zoo_b_special_positions(
         if rng.random() < duplicated_fraction:
             pos = np.vstack([pos, pos[:1]])
             types = np.append(types, types[0])
-        dist = np.linalg.norm(pos[:, None] - pos[None], axis=-1)
-        senders, receivers = np.nonzero((dist < CUTOFF) & ~np.eye(len(pos), dtype=bool))
-        graphs.append(
-            Graph(
-                nodes=np.eye(3)[types],
-                edges=dist[senders, receivers][:, None],
-                senders=senders.astype(np.int32),
-                receivers=receivers.astype(np.int32),
-                target=float(len(senders) / 2 + types.sum()),
-            )
-        )
-    key = (
-        f"zoo_b_special_positions(seed={seed},num_graphs={num_graphs},min_atoms={min_atoms},"
-        f"max_atoms={max_atoms},duplicated_fraction={duplicated_fraction!r},"
-        f"val_fraction={val_fraction!r})"
-    )
-    return Dataset.from_graphs(key, graphs, seed=seed, val_fraction=val_fraction)
+        graphs.append(molecule_graph(pos, types, CUTOFF))
+    return Dataset.split(graphs, seed=seed, val_fraction=val_fraction)
 
 
 @register_variant

@@ -30,8 +30,8 @@ import tensorflow as tf
 
 from stability import Recipe, register_variant
 from stability.data import Dataset, register_dataset
-from stability.data.graphs import Graph
 from stability.zoo.bug import ZooBug
+from stability.zoo.bugs._molecules import molecule_graph
 
 NUM_ELEMENTS = 3
 
@@ -111,23 +111,10 @@ def zoo_b_missing_conformers(
         n = int(rng.integers(min_atoms, max_atoms + 1))
         types = rng.integers(0, NUM_ELEMENTS, n)
         pos = np.zeros((n, 3)) if rng.random() < missing_fraction else rng.uniform(0, 2.5, (n, 3))
-        dist = np.linalg.norm(pos[:, None] - pos[None], axis=-1)
-        senders, receivers = np.nonzero((dist < cutoff) & ~np.eye(n, dtype=bool))
         graphs.append(
-            Graph(
-                nodes=np.hstack([np.eye(NUM_ELEMENTS)[types], pos]),
-                edges=dist[senders, receivers][:, None],
-                senders=senders.astype(np.int32),
-                receivers=receivers.astype(np.int32),
-                target=float(len(senders) / 2 + types.sum()),
-            )
+            molecule_graph(pos, types, cutoff, num_elements=NUM_ELEMENTS, positions_in_nodes=True)
         )
-    key = (
-        f"zoo_b_missing_conformers(seed={seed},num_graphs={num_graphs},min_atoms={min_atoms},"
-        f"max_atoms={max_atoms},missing_fraction={missing_fraction!r},cutoff={cutoff!r},"
-        f"val_fraction={val_fraction!r})"
-    )
-    return Dataset.from_graphs(key, graphs, seed=seed, val_fraction=val_fraction)
+    return Dataset.split(graphs, seed=seed, val_fraction=val_fraction)
 
 
 @register_variant

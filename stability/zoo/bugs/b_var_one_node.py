@@ -21,8 +21,8 @@ import tensorflow as tf
 
 from stability import Recipe, register_variant
 from stability.data import Dataset, register_dataset
-from stability.data.graphs import Graph
 from stability.zoo.bug import ZooBug
+from stability.zoo.bugs._molecules import molecule_graph
 
 
 class SumConv(keras.layers.Layer):
@@ -81,22 +81,8 @@ def zoo_b_with_single_atoms(
         n = 1 if rng.random() < single_fraction else int(rng.integers(2, max_atoms + 1))
         types = rng.integers(0, 3, n)
         pos = rng.uniform(0.0, 2.0, (n, 3))
-        dist = np.linalg.norm(pos[:, None] - pos[None], axis=-1)
-        senders, receivers = np.nonzero((dist < cutoff) & ~np.eye(n, dtype=bool))
-        graphs.append(
-            Graph(
-                nodes=np.eye(3)[types],
-                edges=dist[senders, receivers][:, None],
-                senders=senders.astype(np.int32),
-                receivers=receivers.astype(np.int32),
-                target=float(len(senders) / 2 + types.sum()),
-            )
-        )
-    key = (
-        f"zoo_b_with_single_atoms(seed={seed},num_graphs={num_graphs},max_atoms={max_atoms},"
-        f"single_fraction={single_fraction!r},cutoff={cutoff!r},val_fraction={val_fraction!r})"
-    )
-    return Dataset.from_graphs(key, graphs, seed=seed, val_fraction=val_fraction)
+        graphs.append(molecule_graph(pos, types, cutoff))
+    return Dataset.split(graphs, seed=seed, val_fraction=val_fraction)
 
 
 @register_variant
