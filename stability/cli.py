@@ -92,7 +92,8 @@ def _version() -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)  # --help and --version end here, without TensorFlow
-    start_tensorflow()
+    if getattr(args, "tensorflow", True):  # a command that only reads CSVs says it needs none
+        start_tensorflow()
     try:
         _load_plugins(args.plugin)
         return COMMANDS[args.command](args)

@@ -2,6 +2,8 @@
 
 import argparse
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pandas as pd
@@ -169,3 +171,25 @@ def test_a_folder_with_a_spread_csv_compares_its_results_only(tmp_path):
     shutil.copy(ROOT / "reports" / "seed.spread.csv", tmp_path / "seed.spread.csv")
     frame = load_results_dir(tmp_path)
     assert set(frame["case"]) == {"seed"} and len(frame) == len(pd.read_csv(tmp_path / "seed.csv"))
+
+
+def test_reports_compares_with_its_baseline_among_the_other_reports_csvs(capsys):
+    """reports/ holds the zoo's, the doctor's, the check's and the spread's CSVs beside the
+    results: compare reads the results only, and the committed ones are the baseline's."""
+    from stability import cli
+
+    assert cli.main(["compare", str(ROOT / "reports"), str(ROOT / "reports" / "baseline")]) == 0
+    out = capsys.readouterr().out
+    assert "compared exactly" in out and "across environments" not in out
+    assert "zoo" not in out and "no verdict changed" in out
+
+
+def test_compare_starts_no_tensorflow(tmp_path):
+    script = (
+        "import sys; from stability import cli; "
+        f"code = cli.main(['compare', {str(ROOT / 'reports')!r}, {str(BASELINE)!r}]); "
+        "assert 'tensorflow' not in sys.modules, 'compare loaded TensorFlow'; sys.exit(code)"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert done.returncode in (0, 1), done.stderr
+    assert "compare loaded TensorFlow" not in done.stderr
