@@ -1,5 +1,6 @@
 """Case files: the shipped ones validate, and malformed ones get a one-line message."""
 
+import re
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,11 @@ CASES = sorted((Path(__file__).parent.parent / "cases").glob("*.toml"))
 
 @pytest.mark.parametrize("path", CASES, ids=[p.stem for p in CASES])
 def test_shipped_cases_validate(path):
+    # A committed case's rows were made in one dtype: under a tox dtype factor
+    # (STABILITY_DTYPE) it must still train, and report, as they were made.
+    assert re.search(r"^dtype\s*=", path.read_text(encoding="utf-8"), re.M), (
+        f"{path.name}: name its dtype"
+    )
     if "\n[map]" in path.read_text(encoding="utf-8"):  # a map case (docs/map.md)
         m = load_map(path)
         assert m.name == path.stem

@@ -6,6 +6,7 @@ the doctor's original run, the same training) and compares what the harness repo
 """
 
 import csv
+import re
 from pathlib import Path
 
 import pytest
@@ -37,6 +38,11 @@ def test_every_bug_has_a_sound_ground_truth(path):
     assert bug.source and bug.url.startswith("http"), f"{bug.name}: cite the public issue"
     assert bug.op and bug.fix and bug.summary
     assert entry.case.seeds, f"{bug.name}: the case trains no seed"
+    # A bug is its users' setup, dtype included: under a tox dtype factor
+    # (STABILITY_DTYPE) it must still train as its committed row was trained.
+    assert re.search(r"^dtype\s*=", path.read_text(encoding="utf-8"), re.M), (
+        f"{bug.name}: name the dtype its users trained in"
+    )
 
 
 def test_the_committed_zoo_has_every_bug_and_its_columns():
