@@ -1,4 +1,5 @@
 import os
+import subprocess
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -93,3 +94,28 @@ def jit_agreement() -> float:
 
     compute = default_dtype().removeprefix("mixed_")
     return max(1e-4, 4 * float(np.finfo(compute).eps))
+
+
+def run_cli(*args: str, cwd: os.PathLike) -> subprocess.CompletedProcess:
+    """``python -m stability *args`` run in this process, from ``cwd``: its exit code and
+    what it printed, as ``subprocess.run`` gives them. A bad-input test needs no process of
+    its own (one that starts TensorFlow costs seconds): ``cli.main`` is what ``python -m
+    stability`` runs, and an exception it let out fails the test here as a traceback would
+    there. ``tests/test_cli.py`` keeps one bad input through a real process."""
+    import contextlib
+    import io
+
+    from stability import cli
+
+    out, err = io.StringIO(), io.StringIO()
+    here = os.getcwd()
+    os.chdir(cwd)
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                code = cli.main(list(args))
+            except SystemExit as exc:  # argparse refusing a flag
+                code = exc.code
+    finally:
+        os.chdir(here)
+    return subprocess.CompletedProcess(list(args), code, out.getvalue(), err.getvalue())

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import run_cli
 
 from stability.check.outcome import FAIL, GENERATED, NOT_APPLICABLE, NOT_DECLARED, OWN_DATA, PASS
 from stability.check.properties import PROPERTIES
@@ -203,7 +204,7 @@ def test_a_bad_check_table_is_named(tmp_path, table, says):
 )
 def test_bad_input_is_one_line_and_exit_2(tmp_path, extra, table, says):
     path = planted_case(tmp_path, table)
-    done = cli(str(path), "--out", str(tmp_path / "out"), *extra, cwd=tmp_path)
+    done = run_cli("check", str(path), "--out", str(tmp_path / "out"), *extra, cwd=tmp_path)
     assert done.returncode == 2, done.stderr
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and says in lines[0], done.stderr

@@ -13,6 +13,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from conftest import run_cli
 
 from stability import Recipe, TrainConfig, Trainer
 from stability.core.errors import CaseError, RemedyError, StabilityError
@@ -826,6 +827,7 @@ def test_a_second_doctor_needs_resume_or_overwrite_and_resume_reruns_nothing(doc
     ],
 )
 def test_bad_doctor_input_is_one_line_and_exit_2(tmp_path, flags, message):
-    done = stability("doctor", str(my_gat_case(tmp_path)), *flags, "--out", str(tmp_path / "out"))
+    case = str(my_gat_case(tmp_path))
+    done = run_cli("doctor", case, *flags, "--out", str(tmp_path / "out"), cwd=tmp_path)
     assert message in one_line_error(done)
     assert not (tmp_path / "out" / "small_gat.doctor").exists()
