@@ -1,6 +1,6 @@
 """Record a tox matrix run in reports/matrix.csv and rewrite reports/matrix.md from it.
 
-    tox run -e py310-tf216-float32 --result-json /tmp/cell.json
+    tox run -e py311-tf216-float32 --result-json /tmp/cell.json
     python .ci/matrix.py /tmp/cell.json [more.json ...]
 
 Each env of each ``--result-json`` file becomes one row of ``reports/matrix.csv`` (a row of
@@ -99,7 +99,7 @@ def env_rows(path: Path, commit: str, cpu: str) -> list[dict[str, object]]:
         envs = report["testenvs"]
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise MatrixError(f"{path}: not a tox --result-json file ({exc})") from None
-    written = dt.datetime.fromtimestamp(path.stat().st_mtime, dt.timezone.utc)
+    written = dt.datetime.fromtimestamp(path.stat().st_mtime, dt.UTC)
     rows = []
     for env, result in envs.items():
         if env == ".pkg" or "result" not in result:

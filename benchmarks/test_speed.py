@@ -10,12 +10,8 @@ import statistics
 import subprocess
 import sys
 import time
+import tomllib
 from pathlib import Path
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - Python 3.10
-    import tomli as tomllib
 
 import keras
 import numpy as np

@@ -17,17 +17,12 @@ by name below.
 from __future__ import annotations
 
 import re
-import sys
+import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - exercised by the 3.10 tox environment
-    import tomli as tomllib
 
 import stability
 from stability import list_variants

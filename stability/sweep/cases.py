@@ -8,16 +8,11 @@ is accepted. The keys themselves, their defaults and what they accept are declar
 
 from __future__ import annotations
 
-import sys
+import tomllib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - exercised by the 3.10 tox environment
-    import tomli as tomllib
 
 from stability.core.errors import CaseError, NameNotFound, StabilityError, did_you_mean
 from stability.core.plugins import load_plugin, plugin_hint
