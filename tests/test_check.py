@@ -214,7 +214,9 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, extra, table, says):
 def test_the_command_writes_the_report_and_exits_1_on_a_failure(tmp_path):
     path = planted_case(tmp_path)
     out = tmp_path / "out"
-    done = cli(
+    # In this process, on one worker: test_workers_give_the_rows_of_one_process starts two.
+    done = run_cli(
+        "check",
         str(path),
         "--variant",
         "planted_first_edge,planted_clean",
@@ -222,6 +224,8 @@ def test_the_command_writes_the_report_and_exits_1_on_a_failure(tmp_path):
         "edge_order",
         "--examples",
         "10",
+        "--workers",
+        "1",
         "--out",
         str(out),
         cwd=tmp_path,

@@ -100,7 +100,7 @@ def test_jit_compile_flag_trains_with_xla_and_matches_the_plain_rows(
 
 
 def test_list_prints_every_variant(tmp_path):
-    done = stability("list", cwd=tmp_path)
+    done = run_cli("list", cwd=tmp_path)
     assert done.returncode == 0
     for name in [
         "raw_e",

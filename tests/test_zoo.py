@@ -138,7 +138,22 @@ def test_the_check_s_section_is_computed_from_its_columns():
     assert "The check was not run on these bugs." in zoo_markdown(rows, "z")
 
 
-@pytest.mark.parametrize("row", committed_rows(), ids=lambda r: r["bug"])
+def detection_params() -> list:
+    """Every committed bug; in the default run only the first of each committed outcome
+    (not detected, or detected at each stage), the rest marked slow (`tox -e slow`, and
+    CI's weekly run): 33 retrainings took 114 s of the default run's CPU, and one bug per
+    outcome still fails it when the harness loses a stage."""
+    seen = set()
+    params = []
+    for row in sorted(committed_rows(), key=lambda r: r["bug"]):
+        outcome = (row["detected"], row["reported_stage"])
+        marks = [] if outcome not in seen else [pytest.mark.slow]
+        seen.add(outcome)
+        params.append(pytest.param(row, marks=marks, id=row["bug"]))
+    return params
+
+
+@pytest.mark.parametrize("row", detection_params())
 def test_a_bug_s_detection_and_stage_stay_as_committed(row):
     """The harness's detection and stage of each bug, retrained now, against the committed
     zoo.csv: a change in the harness that loses (or gains) a bug fails here."""
