@@ -50,6 +50,9 @@ FIELDS = (
     "cpu",
 )
 
+#: The columns that hold numbers (the rest are text).
+NUMBERS = ("passed", "failed", "errors", "skipped", "xfailed", "xpassed", "seconds", "exit_code")
+
 #: pytest's last line: "1218 passed, 2 xfailed, 3 warnings in 693.12s (0:11:33)".
 SUMMARY = re.compile(r"^=*\s*(?P<counts>(?:\d+ \w+(?:, )?)+) in (?P<seconds>[\d.]+)s\b", re.M)
 COUNT = re.compile(r"(\d+) (\w+)")
@@ -228,16 +231,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     old = pd.read_csv(csv_path, dtype=str) if csv_path.exists() else pd.DataFrame(columns=FIELDS)
     frame = merged(old.astype(object), rows)
-    for column in (
-        "passed",
-        "failed",
-        "errors",
-        "skipped",
-        "xfailed",
-        "xpassed",
-        "seconds",
-        "exit_code",
-    ):
+    for column in NUMBERS:
         frame[column] = pd.to_numeric(frame[column], errors="coerce")
     atomic_write_text(csv_path, frame.to_csv(index=False))
     atomic_write_text(md_path, markdown(frame, declared_envs()))
