@@ -27,7 +27,7 @@ import pandas as pd
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # this checkout's stability, also when it is not installed
 
-from stability.core.environment import cpu  # noqa: E402
+from stability.core.environment import cpu, short_cpu  # noqa: E402
 from stability.core.files import atomic_write_text  # noqa: E402
 
 #: The columns of reports/matrix.csv, one row per env.
@@ -193,7 +193,8 @@ def markdown(frame: pd.DataFrame, declared: list[str]) -> str:
             {
                 "env": env,
                 "result": verdict(row),
-                **{c: _cell(row[c]) for c in FIELDS if c not in ("env", "exit_code")},
+                **{c: _cell(row[c]) for c in FIELDS if c not in ("env", "exit_code", "cpu")},
+                "cpu": short_cpu(_cell(row["cpu"])),
             }
         )
     shown = pd.DataFrame(table).fillna("")

@@ -92,6 +92,14 @@ def _caches() -> list[str]:
     return found
 
 
+def short_cpu(text: str) -> str:
+    """``cpu()``'s line cut to the CPU's model and family/model/stepping (``AMD EPYC
+    25/1/1``), or the whole line where it has no such identity."""
+    parts = text.split("; ")
+    ident = next((p.split(" ", 1)[1] for p in parts if p.startswith("family/model/stepping ")), "")
+    return f"{parts[0]} {ident}".strip() if ident else text
+
+
 def describe(threads: str) -> str:
     """The environment of a run trained on ``threads`` (``1x1``), as its row records it:
     ``tensorflow 2.21.0, keras 3.15.1, numpy 2.4.6, hypothesis 6.170.17, python 3.11.7,

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from stability.core.environment import parse
+from stability.core.environment import parse, short_cpu
 from stability.core.errors import StabilityError
 from stability.report.agreement import FAILURE_FIELDS
 
@@ -51,12 +51,8 @@ def spread_path(folder: Path, case: str) -> Path:
 
 
 def cpu_name(environment: str) -> str:
-    """A CPU's short name from a row's environment: its model and family/model/stepping
-    (``AMD EPYC 25/1/1``), or its whole description where it has no such identity."""
-    text = parse(environment).get("cpu", "")
-    parts = text.split("; ")
-    ident = next((p.split(" ", 1)[1] for p in parts if p.startswith("family/model/stepping ")), "")
-    return f"{parts[0]} {ident}".strip() if ident else text
+    """A CPU's short name from a row's environment (``environment.short_cpu``)."""
+    return short_cpu(parse(environment).get("cpu", ""))
 
 
 def read_rows(path: Path) -> pd.DataFrame:
