@@ -30,7 +30,9 @@ EXAMPLES = 20
 
 def planted_case(tmp_path: Path, check_table: str = "") -> Path:
     """The small case (64 synthetic graphs of 3 to 7 nodes, distances in [0.5, 4]) with the
-    planted variants."""
+    planted variants, in float32: the planted models are written as float32 users write
+    them (a float32 constant concatenated to the features), so under a mixed policy
+    (STABILITY_DTYPE) they would fail to build, not break their property."""
     tmp_path.mkdir(parents=True, exist_ok=True)
     path = tmp_path / "planted.toml"
     path.write_text(
@@ -42,6 +44,7 @@ seeds = [0]
 batch_sizes = [16]
 learning_rates = [0.01]
 epochs = 1
+dtype = "float32"
 
 [model]
 hidden = 8
