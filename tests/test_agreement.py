@@ -169,11 +169,10 @@ def test_rows_of_another_cpu_join_the_spread_as_layouts_of_their_own():
     )
     reference = here[here["threads"] == "1x1"]
     theirs = carried_layouts(pd.concat([here, zen3]), parse(HERE)["cpu"], reference, "x.csv")
-    assert list(theirs) == ["1x1 on AMD EPYC 25/1/1", "8x1 on AMD EPYC 25/1/1", "1x1", "2x1"]
-    frames = {"1x1": reference, **{k: v for k, v in theirs.items() if k != "1x1"}}
-    frame = stack_layouts(frames)
+    assert list(theirs) == ["1x1", "2x1", "1x1 on AMD EPYC 25/1/1", "8x1 on AMD EPYC 25/1/1"]
+    frame = stack_layouts(theirs)
     spread = measure(frame)
-    assert spread.layouts == ("1x1", "1x1 on AMD EPYC 25/1/1", "8x1 on AMD EPYC 25/1/1", "2x1")
+    assert spread.layouts == tuple(theirs)
     assert spread.overall.epoch == pytest.approx(0.2)
     text = spread_markdown("seed", frame, spread)
     assert "the other CPUs: AMD EPYC 25/1/1." in text
@@ -189,3 +188,24 @@ def test_carried_rows_must_be_runs_of_the_reference_and_say_where_they_ran():
         carried_layouts(rows.assign(environment=""), "cpu", rows, "x.csv")
     with pytest.raises(StabilityError, match="it lacks dataset"):
         carried_layouts(rows.drop(columns="dataset"), "cpu", rows, "x.csv")
+
+
+def test_the_committed_spreads_rewrite_themselves_from_their_own_rows(tmp_path):
+    """`tox -e report` passes each committed spread back with --other: what it does not
+    retrain comes back as it was, byte for byte, in the same order."""
+    from pathlib import Path
+
+    from conftest import run_cli
+
+    root = Path(__file__).parent.parent
+    for case in ("seed", "batch_size", "learning_rate"):
+        args = ["spread", str(root / "cases" / f"{case}.toml")]
+        args += ["--reference", str(root / "reports" / f"{case}.csv"), "--layouts", "none"]
+        args += ["--other", str(root / "reports" / f"{case}.spread.csv"), "--out", str(tmp_path)]
+        if case == "seed":
+            args += ["--variants", "raw_e,normalized_e,relu_e,grad_clip,sigma_clip,stable_softmax"]
+        done = run_cli(*args, cwd=tmp_path)
+        assert done.returncode == 0, done.stderr
+        for suffix in (".spread.csv", ".spread.md"):
+            written = (tmp_path / f"{case}{suffix}").read_text(encoding="utf-8")
+            assert written == (root / "reports" / f"{case}{suffix}").read_text(encoding="utf-8")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from stability.commands.flags import (
     add_case_argument,
@@ -17,6 +18,11 @@ from stability.commands.flags import (
 )
 from stability.commands.run import variant_list
 from stability.core.errors import StabilityError
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from stability.sweep.cases import Case
 
 
 def add_spread_parser(sub: argparse._SubParsersAction) -> None:
@@ -86,7 +92,7 @@ def _thread_counts(text: str) -> tuple[int, ...]:
 def spread_command(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
-    from stability.core.environment import cpu, parse
+    from stability.core.environment import cpu
     from stability.core.files import atomic_write_text
     from stability.report.spread import (
         carried_layouts,
@@ -96,30 +102,57 @@ def spread_command(args: argparse.Namespace) -> int:
         spread_path,
         stack_layouts,
     )
-    from stability.report.writer import read_results
     from stability.sweep.cases import load_case
-    from stability.sweep.runner import run_case
 
     case = load_case(args.case, args.overrides)
     if args.variants:
         case = replace(case, variants=variant_list(args.variants))
-    frames = {}
-    if args.reference is not None:
-        frame = read_results(args.reference)
-        frame = frame[frame["variant"].isin(case.variants) & frame["seed"].isin(case.seeds)]
-        if frame.empty:
-            raise StabilityError(f"{args.reference}: no rows of {case.name}'s variants and seeds")
-        layouts = {parse(e).get("threads", "") for e in frame["environment"].fillna("")}
-        if len(layouts) != 1 or "" in layouts:
-            raise StabilityError(
-                f"{args.reference}: its rows must record one thread layout in their "
-                f"environment column; they record {sorted(layouts)}"
-            )
-        frames[layouts.pop()] = frame
+    frames = _reference(args.reference, case) if args.reference is not None else {}
     if not args.layouts and (args.reference is None or not args.other):
         raise StabilityError("--layouts none needs --reference and --other: nothing to compare")
     others = [(path, read_rows(path)) for path in args.other]
     check_writable(args.out)
+    frames.update(_trained(args, case))
+    runs = next(iter(frames.values()))
+    for path, frame in others:
+        carried = carried_layouts(frame, cpu(), runs, str(path))
+        # A layout trained in this call is measured afresh, not carried.
+        frames.update({name: rows for name, rows in carried.items() if name not in frames})
+    stacked = stack_layouts(frames)
+    path = spread_path(args.out, case.name)
+    atomic_write_text(path, stacked.to_csv(index=False))
+    markdown = args.out / f"{case.name}.spread.md"
+    atomic_write_text(markdown, spread_markdown(case.name, stacked, measure(stacked)))
+    print(f"wrote {path} and {markdown}")
+    return 0
+
+
+def _reference(path: Path, case: Case) -> dict[str, pd.DataFrame]:
+    """{layout: rows} of ``--reference``'s rows of ``case``, which must record one layout."""
+    from stability.core.environment import parse
+    from stability.report.writer import read_results
+
+    frame = read_results(path)
+    frame = frame[frame["variant"].isin(case.variants) & frame["seed"].isin(case.seeds)]
+    if frame.empty:
+        raise StabilityError(f"{path}: no rows of {case.name}'s variants and seeds")
+    layouts = {parse(e).get("threads", "") for e in frame["environment"].fillna("")}
+    if len(layouts) != 1 or "" in layouts:
+        raise StabilityError(
+            f"{path}: its rows must record one thread layout in their "
+            f"environment column; they record {sorted(layouts)}"
+        )
+    return {layouts.pop(): frame}
+
+
+def _trained(args: argparse.Namespace, case: Case) -> dict[str, pd.DataFrame]:
+    """{``Nx1``: rows} of the case trained here on each of ``--layouts``."""
+    from dataclasses import replace
+
+    from stability.report.writer import read_results
+    from stability.sweep.runner import run_case
+
+    frames = {}
     for threads in args.layouts:
         folder = args.out / "spread" / case.name / f"threads-{threads}"
         run_case(
@@ -131,17 +164,4 @@ def spread_command(args: argparse.Namespace) -> int:
             workers=args.workers,
         )
         frames[f"{threads}x1"] = read_results(folder / f"{case.name}.csv")
-    runs = next(iter(frames.values()))
-    for path, frame in others:
-        frame = frame[(frame["case"] == case.name) & frame["variant"].isin(case.variants)]
-        carried = carried_layouts(frame, cpu(), runs, str(path))
-        # A layout trained in this call is measured afresh, not carried.
-        frames.update({name: rows for name, rows in carried.items() if name not in frames})
-    stacked = stack_layouts(frames)
-    spread = measure(stacked)
-    path = spread_path(args.out, case.name)
-    atomic_write_text(path, stacked.to_csv(index=False))
-    markdown = args.out / f"{case.name}.spread.md"
-    atomic_write_text(markdown, spread_markdown(case.name, stacked, spread))
-    print(f"wrote {path} and {markdown}")
-    return 0
+    return frames

@@ -90,7 +90,10 @@ def carried_layouts(
             f"{source}: none of its rows is a run of the reference's (by {', '.join(RUN)})"
         )
     layouts: dict[str, pd.DataFrame] = {}
-    for (cpu, layout), rows in kept.groupby(["_cpu", "_threads"], sort=True):
+    groups = kept.groupby(["_cpu", "_threads"], sort=True)
+    # This CPU's layouts first, then each other CPU's: the same order however often the
+    # spread is rewritten from its own CSV.
+    for (cpu, layout), rows in sorted(groups, key=lambda group: group[0][0] != here):
         name = layout if cpu == here else f"{layout} on {cpu_name(rows['environment'].iloc[0])}"
         # Two CPUs of one model that differ in flags or caches keep apart by their whole line.
         layouts[f"{layout} on {cpu}" if name in layouts else name] = rows.drop(
