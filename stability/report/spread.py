@@ -61,7 +61,7 @@ def read_rows(path: Path) -> pd.DataFrame:
     if not path.is_file():
         raise StabilityError(f"{path}: no such results or spread CSV")
     try:
-        return pd.read_csv(path, dtype={"threads": str})
+        return pd.read_csv(path, dtype={"threads": str}, float_precision="round_trip")
     except (OSError, ValueError, pd.errors.ParserError) as exc:
         raise StabilityError(f"{path}: not a results or spread CSV ({exc})") from None
 
@@ -218,7 +218,7 @@ def read_spread(folder: Path, case: str) -> Spread | None:
     if not path.exists():
         return None
     try:
-        frame = pd.read_csv(path, dtype={"threads": str})
+        frame = pd.read_csv(path, dtype={"threads": str}, float_precision="round_trip")
     except (OSError, ValueError, pd.errors.ParserError) as exc:
         raise StabilityError(f"{path}: not a spread CSV ({exc})") from None
     missing = [c for c in ("threads", *RUN, "first_nan_epoch", "final_mae") if c not in frame]

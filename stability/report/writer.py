@@ -67,7 +67,10 @@ def _read_table(
     them, and gets them empty (NaN), which every reader treats as "not recorded".
     """
     try:
-        frame = pd.read_csv(path)
+        # round_trip: every float back exactly as written. pandas' default parser may be a
+        # unit in the last place off, and which way differs between pandas versions, so a
+        # CSV rewritten from its own rows would change its last digits.
+        frame = pd.read_csv(path, float_precision="round_trip")
     except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as exc:
         raise StabilityError(f"{path}: not a {kind} CSV ({exc})") from None
     for column in optional:
