@@ -14,13 +14,17 @@ ROOT = Path(__file__).parent.parent
 TF_LOG = re.compile(r"[IWEF]\d{4} [\d:.]+\s+\d+ [\w/.-]+\.(cc|h):\d+\]")
 
 #: raw_e on edge distances up to 1000: exp overflows in the first step's forward pass, and
-#: the replay names the op.
+#: the replay names the op. In float32: under mixed_float16, TensorFlow itself logs once per
+#: process, at its first float16 op, that oneDNN "supports DT_HALF only on platforms with
+#: AVX-512" (seen on this AVX-512 CPU in the py312-tflatest-mixed_float16 cell), a notice of
+#: its own that repeats nothing the harness says.
 FAILING_CASE = """
 name = "failing"
 variants = ["raw_e"]
 seeds = [0]
 batch_sizes = [16]
 epochs = 1
+dtype = "float32"
 
 [model]
 hidden = 8
