@@ -8,6 +8,7 @@ import random
 
 import keras
 import numpy as np
+import pytest
 import tensorflow as tf
 from hypothesis import strategies as st
 
@@ -24,7 +25,9 @@ from stability.compat.tf_private import (
     error_node,
     error_op_type,
     is_gradient_op,
+    op_callback_first,
     op_determinism_enabled,
+    record_identity,
     strip_uniquifier,
 )
 from stability.model.network import GraphNetwork
@@ -209,6 +212,69 @@ def test_train_step_passes_compute_loss_its_arguments_in_this_order():
     assert set(seen) == set(COMPUTE_LOSS_ARGS), seen
     assert seen["x"].shape[-1] == 3 and seen["y"].shape[-1] == 1
     assert seen["y_pred"].shape[-1] == 1
+
+
+def _sqrt_floor(op_type, inputs, attrs, outputs, op_name=None, graph=None):
+    if op_type != "Sqrt":
+        return None  # op_callback_first hands the outputs on unchanged
+    return [tf.sqrt(tf.maximum(inputs[0], 1e-6))]
+
+
+def test_an_op_callback_replaces_an_op_in_the_trace_and_the_gradient_follows():
+    def distance_gradient(p):
+        with tf.GradientTape() as tape:
+            tape.watch(p)
+            y = tf.reduce_sum(tf.sqrt(tf.reduce_sum(tf.square(p), axis=-1)))
+        return tape.gradient(y, p)
+
+    at_zero = tf.zeros([2, 3])
+    assert np.isnan(tf.function(distance_gradient)(at_zero).numpy()).all()  # sqrt'(0) * 0
+    with op_callback_first(_sqrt_floor):
+        guarded = tf.function(distance_gradient)(at_zero).numpy()
+    assert np.isfinite(guarded).all(), guarded
+    # Gone with the block: a fresh trace builds the raw op again.
+    assert np.isnan(tf.function(distance_gradient)(at_zero).numpy()).all()
+
+
+def test_an_op_callback_added_first_runs_before_check_numerics():
+    tf.debugging.enable_check_numerics()
+    try:
+        with op_callback_first(_sqrt_floor):
+            value = tf.function(lambda x: tf.sqrt(x))(tf.constant([-1.0]))  # NaN unguarded
+        assert np.isfinite(value.numpy()).all()
+    finally:
+        tf.debugging.disable_check_numerics()
+
+
+@pytest.mark.parametrize("record", [False, True])
+def test_the_tape_records_a_callbacks_outputs_as_the_raw_ops_until_recorded_again(record):
+    """TensorFlow records an op's replaced outputs as made by the raw op from its raw inputs
+    (Log's gradient 1 / x at x = 0: NaN); ``record_identity`` afterwards makes the tape
+    differentiate the replacement instead."""
+    made = []
+
+    def log_floor(op_type, inputs, attrs, outputs, op_name=None, graph=None):
+        if op_type != "Log" or made:
+            return None
+        guarded = tf.math.log(tf.maximum(inputs[0], 1e-30))
+        made.append(([tf.identity(guarded)], [guarded]))
+        return made[-1][0]
+
+    weight = tf.Variable([1.0, 1.0])
+
+    @tf.function
+    def gradient(x):
+        with tf.GradientTape() as tape:
+            with op_callback_first(log_floor):
+                y = tf.math.log(weight * x)
+            if record:
+                record_identity(*made[-1])
+            total = tf.reduce_sum(y)
+        return tape.gradient(total, weight)
+
+    value = gradient(tf.constant([0.0, 2.0])).numpy()
+    assert np.isfinite(value[1])
+    assert np.isfinite(value[0]) == record, value
 
 
 def test_op_determinism_can_be_read_and_turned_off_again():

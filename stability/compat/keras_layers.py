@@ -32,3 +32,18 @@ def nested_layers(layer: keras.Layer) -> list[keras.Layer]:
             "stability.compat.keras_layers needs a new way to walk nested layers"
         )
     return list(flatten(include_self=False))
+
+
+def layer_at(model: keras.Layer, path: str | None) -> keras.Layer:
+    """The layer at ``path`` in ``model`` (``message_passing_0`` or ``edge_attention/dense_1``,
+    names as a failure names them; the model's own name, or None, is the model itself).
+    ``LookupError`` names a path the model does not have."""
+    scope: keras.Layer = model
+    for part in path.split("/") if path else []:
+        inside = [layer for layer in nested_layers(scope) if layer.name == part]
+        if not inside:
+            if part == model.name and scope is model:  # the model's own call
+                continue
+            raise LookupError(f"the model has no layer {path!r}")
+        scope = inside[0]
+    return scope

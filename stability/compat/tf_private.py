@@ -8,12 +8,22 @@ changes one fails a named test instead of misnaming a failure.
 - the ``_<n>`` suffix TensorFlow appends to a name scope entered again in one graph;
 - ``FuncGraph.captures``, which pairs a captured variable's handle with its placeholder;
 - turning op determinism off and reading it (tests that compile with XLA after a run turned
-  it on).
+  it on);
+- op callbacks (``op_callbacks``), which see every op as it is built or run and may replace
+  its outputs: the doctor's op guards (``stability.model.op_guard``) rewrite a failing op
+  there, first in line, so that a ``check_numerics`` callback added before them checks the
+  guarded value and not the raw one; and the gradient tape's record of an op, which a
+  callback's outputs do not change: TensorFlow records the replaced outputs as made by the
+  original op from its original inputs (``gen_*_ops`` call ``record_gradient`` after the
+  callbacks), so ``record_identity`` records them again, as the identity of the guarded
+  value, and the tape differentiates the guard (the tape keeps a tensor's last record).
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 #: The scope TensorFlow's tape puts a gradient op in: ``gradient_tape/<forward op's scope>``.
@@ -83,3 +93,44 @@ def disable_op_determinism() -> None:
     from tensorflow.python.framework import config as tf_config
 
     tf_config.disable_op_determinism()
+
+
+#: An op callback: ``(op_type, inputs, attrs, outputs, op_name=None, graph=None)`` returns
+#: None (outputs unchanged) or the op's new outputs, one per output.
+OpCallback = Callable[..., Any]
+
+
+@contextmanager
+def op_callback_first(callback: OpCallback) -> Iterator[None]:
+    """Run ``callback`` on every op built (in a ``tf.function``'s trace) or run (eagerly) in
+    this thread while the block runs, before any callback already added (so its outputs are
+    what ``tf.debugging.enable_check_numerics`` checks). Ops the callback builds itself are
+    not passed to any callback (TensorFlow's own guard against recursion)."""
+    from tensorflow.python.eager import context
+    from tensorflow.python.framework import op_callbacks
+
+    def first(
+        op_type: str, inputs: Any, attrs: Any, outputs: Any, op_name: Any = None, graph: Any = None
+    ) -> Any:
+        # TensorFlow hands a callback's None on to the next callback as its outputs, so a
+        # callback that leaves an op alone must return the outputs it was given.
+        new = callback(op_type, inputs, attrs, outputs, op_name=op_name, graph=graph)
+        return outputs if new is None else new
+
+    op_callbacks.add_op_callback(first)
+    callbacks = context.context().op_callbacks
+    # add_op_callback appends; the guard must come first, so move it to the front.
+    callbacks.insert(0, callbacks.pop())
+    try:
+        yield
+    finally:
+        op_callbacks.remove_op_callback(first)
+
+
+def record_identity(outputs: Any, sources: Any) -> None:
+    """Record on every active gradient tape that each tensor of ``outputs`` is the identity
+    of the matching tensor of ``sources``, replacing the tape's earlier record of it."""
+    from tensorflow.python.eager import record
+
+    for output, source in zip(outputs, sources, strict=True):
+        record.record_operation("Identity", [output], [source], lambda *grads: list(grads))

@@ -14,9 +14,11 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from stability.core.files import atomic_writer
+from stability.doctor.code_fix import CodeFix, code_fixes
 from stability.doctor.remedies import command
 from stability.doctor.run import BUDGET_FACTOR, DoctorRun, Trial, median_epoch
-from stability.model.remedy import HEADROOM, list_remedies
+from stability.model.op_guard import guard_named
+from stability.model.remedy import HEADROOM, OP_GUARD, list_remedies
 from stability.report.verdicts import DELAY_FACTOR, DELAYS, FIXES, NOT_APPLICABLE
 
 #: The columns of ``<case>.doctor.csv``.
@@ -37,6 +39,10 @@ DOCTOR_FIELDS = (
     "reason",
     "command",
     "epoch_time_vs_original",
+    # Appended (issue 45): the class of fix the remedy is, and for an op guard the lines of
+    # the user's code it rewrites, ``file:line: before => after``, separated by `` | ``.
+    "fix_class",
+    "code_fix",
 )
 
 
@@ -75,7 +81,18 @@ def trial_row(run: DoctorRun, trial: Trial, case_path: str) -> dict[str, str]:
         "reason": trial.reason if verdict == NOT_APPLICABLE else trial.remedy.reason(symptom),
         "command": command(case_path, trial.case, run.case) if trial.case else "",
         "epoch_time_vs_original": _g(_ratio(epoch_seconds(trial), epoch_seconds(run.original)), 3),
+        "fix_class": trial.remedy.fix_class,
+        "code_fix": " | ".join(
+            f"{f.where}: {f.before} => {f.after}" for f in trial_code_fixes(run, trial)
+        ),
     }
+
+
+def trial_code_fixes(run: DoctorRun, trial: Trial) -> list[CodeFix]:
+    """The lines an op guard's trial rewrites, with the dtype's bounds written out."""
+    if trial.remedy.fix_class != OP_GUARD or not trial.sites:
+        return []
+    return code_fixes(guard_named(trial.remedy.name), trial.sites, run.original.case.dtype)
 
 
 def epoch_seconds(trial: Trial) -> float | None:
@@ -122,7 +139,34 @@ def doctor_markdown(run: DoctorRun, rows: Sequence[dict[str, str]], case_path: s
     parts += ["## Why these remedies", "", *_why(run, rows), ""]
     parts += ["## The remedies, rerun", "", *_table(run, rows), ""]
     parts += ["## The fix", "", *_fix(run, rows), ""]
+    as_code = _as_code(run, rows)
+    if as_code:
+        parts += ["## The fix as code", "", *as_code, ""]
     return "\n".join(parts)
+
+
+def _as_code(run: DoctorRun, rows: Sequence[dict[str, str]]) -> list[str]:
+    """Each op guard that fixes the failure, as the change in the user's code, with the
+    command whose runs prove it."""
+    lines = []
+    for trial in run.trials:
+        fixes = trial_code_fixes(run, trial)
+        if trial.verdict(run.finding) != FIXES or not fixes:
+            continue
+        row = next(r for r in rows if r["remedy"] == trial.remedy.name)
+        lines += [f"`{trial.remedy.name}` ({trial.remedy.label}) fixes it:", ""]
+        for fix in fixes:
+            lines += [
+                f"`{fix.where}`:",
+                "",
+                "```diff",
+                f"- {fix.before}",
+                f"+ {fix.after}",
+                "```",
+                "",
+            ]
+        lines += ["Proved by its runs:", "", "```bash", row["command"], "```", ""]
+    return lines[:-1] if lines else []
 
 
 def _setting(run: DoctorRun, case_path: str) -> str:

@@ -20,6 +20,7 @@ its store), so ``--resume``, ``--workers`` and Ray work as for ``run``.
 from __future__ import annotations
 
 import math
+import re
 import statistics
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -30,8 +31,9 @@ from stability.core.errors import RemedyError, StabilityError
 from stability.core.failures import Cause, read_cause
 from stability.data import Dataset
 from stability.doctor.remedies import candidate, case_for
+from stability.model.op_guard import Site, model_sites
 from stability.model.recipe import Recipe
-from stability.model.remedy import DIVERGENCE, HEADROOM, Remedy, list_remedies
+from stability.model.remedy import DIVERGENCE, HEADROOM, OP_GUARD, Remedy, list_remedies
 from stability.model.variants import get_variant
 from stability.report.verdicts import (
     DELAYS,
@@ -129,6 +131,24 @@ class Finding:
         text = str((self.first or {}).get("first_nan_layer") or "").strip()
         return text or None
 
+    @property
+    def ops(self) -> tuple[str, ...]:
+        """The op types the failure names (``failing_ops``)."""
+        return failing_ops(str((self.first or {}).get("first_nan_op") or ""))
+
+
+_OP_TYPE = re.compile(r"\b([A-Z]\w*) \(")
+_GRADIENT_OP = re.compile(r"gradient: (\w+)")
+
+
+def failing_ops(text: str) -> tuple[str, ...]:
+    """The op types in a row's ``first_nan_op``: ``Sqrt (Sqrt) gradient: SqrtGrad`` names
+    ``Sqrt``; ``ConcatV2 (concat) gradient: SqrtGrad`` names ``ConcatV2`` and the ``Sqrt``
+    whose gradient failed (a gradient op ``XGrad`` is ``X``'s)."""
+    found = _OP_TYPE.findall(text)
+    found += [op.removesuffix("Grad") for op in _GRADIENT_OP.findall(text)]
+    return tuple(dict.fromkeys(found))
+
 
 def find(rows: Sequence[Row], jit_compile: bool = False) -> Finding:
     """The ``Finding`` of the original runs' rows (of a case with ``jit_compile`` or not)."""
@@ -164,6 +184,9 @@ class Trial:
     folder: Path = Path(".")
     reason: str = ""
     rows: list[Row] = field(default_factory=list)
+    #: For an op guard: the ops it rewrote when the remedied variant was checked, each with
+    #: the user's line that built it (``stability.model.op_guard.Site``).
+    sites: list[Site] = field(default_factory=list)
 
     @property
     def epochs(self) -> list[int | None]:
@@ -234,7 +257,7 @@ def plan(run: DoctorRun, candidates: Sequence[str] = ()) -> list[Trial]:
         name = f"{stem}__{remedy.name.replace(':', '_')}"
         try:
             remedied = case_for(remedy, base, run.variant, run.finding.layer, name)
-            _check_applies(remedy, base, remedied)
+            target = _check_applies(remedy, base, remedied, run.finding.ops)
         except RemedyError as exc:
             trials.append(Trial(remedy, None, run.original.folder, str(exc)))
             continue
@@ -243,7 +266,8 @@ def plan(run: DoctorRun, candidates: Sequence[str] = ()) -> list[Trial]:
                 raise  # the user's own variant: a bad one is bad input
             trials.append(Trial(remedy, None, run.original.folder, str(exc)))
             continue
-        trials.append(Trial(remedy, remedied, run.original.folder))
+        sites = model_sites(target.recipe().model) if remedy.fix_class == OP_GUARD else []
+        trials.append(Trial(remedy, remedied, run.original.folder, sites=sites))
     return trials
 
 
@@ -272,6 +296,7 @@ class _Target:
 
     before: Case
     after: Case
+    failing_ops: tuple[str, ...] = ()
     _recipe: Recipe | None = None
 
     @property
@@ -298,14 +323,17 @@ class _Target:
         return self._recipe
 
 
-def _check_applies(remedy: Remedy, before: Case, after: Case) -> None:
+def _check_applies(
+    remedy: Remedy, before: Case, after: Case, failing_ops: tuple[str, ...] = ()
+) -> _Target:
     """Ask ``remedy`` whether it applies (its own predicate), then build the remedied
-    variant on the remedied data, as its first run would."""
-    target = _Target(before, after)
+    variant on the remedied data, as its first run would; the target, built."""
+    target = _Target(before, after, failing_ops)
     reason = remedy.why_not(target)
     if reason is not None:
         raise RemedyError(reason)
     target.recipe()
+    return target
 
 
 def train_trials(

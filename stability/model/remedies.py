@@ -27,14 +27,17 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from stability.compat.keras_layers import nested_layers
+from stability.compat.keras_layers import layer_at, nested_layers
 from stability.core.errors import RemedyError
 from stability.core.failures import Cause
 from stability.core.limits import exp_limits
+from stability.data.graphs import batch_graphs
+from stability.model.op_guard import GUARDS, OpGuard, guard_layer, model_sites
 from stability.model.recipe import BuildContext, Recipe
 from stability.model.remedy import (
     DIVERGENCE,
     HEADROOM,
+    OP_GUARD,
     CaseLike,
     Target,
     case_remedy,
@@ -100,6 +103,7 @@ def rebuilt_optimizer(optimizer: keras.optimizers.Optimizer, **changes: Any):
 
 
 @model_remedy(
+    fix_class="optimizer setting",
     family="optimizer",
     label="gradient clipping (the seed's: clipnorm 1, global norm 1, value 5)",
     description="the seed's gradient clipping: clipnorm 1, then global norm 1 and value 5",
@@ -146,6 +150,7 @@ def _takes_learning_rate(target: Target) -> str | None:
 
 
 @case_remedy(
+    fix_class="optimizer setting",
     key="learning_rates",
     family="optimizer",
     label=f"learning rate divided by {LR_FACTOR:g}",
@@ -160,6 +165,7 @@ def lower_lr(case: CaseLike) -> tuple[float, ...]:
 
 
 @model_remedy(
+    fix_class="optimizer setting",
     family="optimizer",
     label="a larger Adam epsilon",
     description=f"Adam's epsilon raised to {ADAM_EPSILON:g}",
@@ -190,6 +196,7 @@ def _batch_fits(target: Target) -> str | None:
 
 
 @case_remedy(
+    fix_class="optimizer setting",
     key="batch_sizes",
     family="batch size",
     label=f"batch size times {BATCH_FACTOR}",
@@ -212,6 +219,7 @@ def _not_float64(target: Target) -> str | None:
 
 
 @case_remedy(
+    fix_class="dtype",
     key="dtype",
     family="dtype",
     label="float64",
@@ -253,6 +261,7 @@ _EDGES = {
 
 
 @case_remedy(
+    fix_class="data cleaning",
     **_EDGES,
     label="edge distances standardized with the training set's mean and std",
     code="e = (e - mean) / std with the training set's mean and std, before the model",
@@ -263,6 +272,7 @@ def standardized_e(case: CaseLike) -> str:
 
 
 @case_remedy(
+    fix_class="data cleaning",
     **_EDGES,
     label="edge distances squashed by a sigmoid",
     code="e = sigmoid(e) before the model",
@@ -283,6 +293,7 @@ def _has_isolated_nodes(target: Target) -> str | None:
 
 
 @case_remedy(
+    fix_class="data cleaning",
     key="self_loops",
     family="data",
     label="an edge from every node to itself (distance 0)",
@@ -310,6 +321,7 @@ def self_loops(case: CaseLike) -> bool:
 
 
 @model_remedy(
+    fix_class="architecture change",
     family="model",
     label="MinMaxNorm(1e-30, 1) and l2(1e-6) on the Dense kernels in the failing layer",
     description=f"MinMaxNorm({MIN_NORM:g}, {MAX_NORM:g}) and l2({L2:g}) on the kernels of the "
@@ -346,16 +358,16 @@ def dense_layers_in(model: keras.Layer, path: str | None) -> list[keras.layers.D
     """The ``Dense`` layers inside the layer at ``path`` (``message_passing_0`` or
     ``edge_attention/dense_1``, names as a failure names them), or in the whole model for
     None; the layer itself when it is a ``Dense``."""
-    scope: keras.Layer = model
-    for part in path.split("/") if path else []:
-        inside = [layer for layer in nested_layers(scope) if layer.name == part]
-        if not inside:
-            if part == model.name and scope is model:  # the model's own call
-                continue
-            raise RemedyError(f"the model has no layer {path!r}")
-        scope = inside[0]
+    scope = _layer(model, path)
     candidates = [scope, *nested_layers(scope)]
     return [layer for layer in candidates if isinstance(layer, keras.layers.Dense)]
+
+
+def _layer(model: keras.Layer, path: str | None) -> keras.Layer:
+    try:
+        return layer_at(model, path)
+    except LookupError as exc:
+        raise RemedyError(str(exc)) from None
 
 
 def _switch(recipe: Recipe, method: str, name: str, attribute: str, none: str) -> Recipe:
@@ -372,6 +384,7 @@ def _switch(recipe: Recipe, method: str, name: str, attribute: str, none: str) -
 
 
 @model_remedy(
+    fix_class="stable reformulation",
     family="model",
     label="the max-subtracted softmax",
     description="the softmax that subtracts each node's largest logit before exp",
@@ -398,6 +411,7 @@ def stable_softmax(recipe: Recipe, ctx: BuildContext, layer: str | None) -> Reci
 
 
 @model_remedy(
+    fix_class="architecture change",
     family="model",
     label="attention logits bounded by 5 tanh(logit / 5)",
     description="every attention logit bounded as 5 tanh(logit / 5) before the softmax",
@@ -414,3 +428,61 @@ def tanh_cap(recipe: Recipe, ctx: BuildContext, layer: str | None) -> Recipe:
         none="no layer of the model applies a registered logit transform "
         "(a layer takes one through use_logit_transform)",
     )
+
+
+# --- the failing op ------------------------------------------------------------------------
+
+#: The symptoms an op guard is for: every failure the replay pins on one op.
+_OP_SYMPTOMS = (
+    Cause.FORWARD_OVERFLOW.value,
+    Cause.FORWARD_UNDERFLOW.value,
+    Cause.NONFINITE_GRADIENT_OP.value,
+    Cause.LOSS.value,
+)
+#: How many training graphs the guard's check runs through the remedied model.
+_CHECK_GRAPHS = 32
+
+
+def _guard_applies(guard: OpGuard, target: Target) -> str | None:
+    """An op guard applies when the failure names an op of its type and the failing layer
+    builds one: the remedied model runs one batch, and the guard must rewrite an op."""
+    if not set(guard.op_types) & set(target.failing_ops):
+        named = ", ".join(target.failing_ops) or "no op"
+        return f"the failure names {named}, not {' or '.join(guard.op_types)}"
+    recipe = target.recipe()
+    data = target.data_after()[0]
+    dtype = "float64" if target.after.dtype == "float64" else "float32"
+    inputs = batch_graphs(data.train[:_CHECK_GRAPHS], dtype=dtype).as_inputs()
+    run = getattr(recipe.model, "forward", None) or recipe.model
+    try:
+        run(inputs)
+    except Exception as exc:  # the user's model: any error means the guard cannot apply
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        return f"the guarded model fails on a batch: {type(exc).__name__}: {first}"
+    if not model_sites(recipe.model):
+        return f"the failing layer builds no {' or '.join(guard.op_types)} op"
+    return None
+
+
+def _register_guard(guard: OpGuard) -> None:
+    def change(recipe: Recipe, ctx: BuildContext, layer: str | None) -> Recipe:
+        guard_layer(_layer(recipe.model, layer), guard)
+        return recipe
+
+    change.__name__ = change.__qualname__ = guard.name
+    ops = " or ".join(guard.op_types)
+    model_remedy(
+        family="op guard",
+        fix_class=OP_GUARD,
+        label=f"the failing {ops} guarded: {guard.label}",
+        description=f"every {ops} op in the failing layer computed as {guard.label}",
+        code=guard.label.replace("X", "x").replace("Y", "y"),
+        helps=dict.fromkeys(_OP_SYMPTOMS, guard.why),
+        cannot=f"it rewrites {ops} ops only: a failure at another op is left as it was",
+        takes_layer=True,
+        applies=partial(_guard_applies, guard),
+    )(change)
+
+
+for _guard in GUARDS:
+    _register_guard(_guard)

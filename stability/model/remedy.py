@@ -54,6 +54,18 @@ SYMPTOMS = (
     HEADROOM,
 )
 
+#: The classes of fix a numerical bug's maintainers make, each remedy's among them
+#: (``Remedy.fix_class``): the zoo scores the doctor's fix against the maintainers' class.
+OP_GUARD = "op guard"
+FIX_CLASSES = (
+    OP_GUARD,
+    "stable reformulation",
+    "data cleaning",
+    "dtype",
+    "optimizer setting",
+    "architecture change",
+)
+
 #: What joins a variant's name and a remedy's in the name of the remedied variant.
 REMEDY_MARK = "+"
 
@@ -80,11 +92,13 @@ class Target(Protocol):
     ``before`` and ``after`` are the case without and with the remedy, ``data_before()`` and
     ``data_after()`` their data sets; ``recipe()`` is the remedied variant built on the
     first of them as its first run would be (``RemedyError`` when it cannot be built), and
-    ``learning_rate`` that run's learning rate."""
+    ``learning_rate`` that run's learning rate; ``failing_ops`` the op types the failure
+    names (the failing op's, and for a gradient op the forward op's whose gradient it is)."""
 
     before: CaseLike
     after: CaseLike
     learning_rate: float
+    failing_ops: tuple[str, ...]
 
     def data_before(self) -> Sequence[Dataset]: ...
 
@@ -101,7 +115,8 @@ Applies = Callable[[Target], "str | None"]
 class Remedy:
     """One remedy (module docstring). ``changes(case, variant, layer)`` gives the case keys
     it changes for a trial of ``variant``; ``reason(symptom)`` why it is expected to help
-    ``symptom``, or why it cannot."""
+    ``symptom``, or why it cannot; ``fix_class`` is the class of fix it is (one of
+    ``FIX_CLASSES``; a variant of the user's own is an architecture change)."""
 
     name: str
     family: str
@@ -115,6 +130,13 @@ class Remedy:
     key: str | None = None
     value: Callable[[CaseLike], Any] | None = None
     applies: Applies | None = None
+    fix_class: str = "architecture change"
+
+    def __post_init__(self) -> None:
+        if self.fix_class not in FIX_CLASSES:
+            raise StabilityError(
+                f"remedy {self.name}: fix_class {self.fix_class!r} not one of {FIX_CLASSES}"
+            )
 
     def changes(self, case: CaseLike, variant: str, layer: str | None) -> dict[str, Any]:
         """The case keys this remedy changes on ``case`` for ``variant`` (failing in

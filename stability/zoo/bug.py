@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from stability.core.errors import StabilityError
 from stability.core.failures import CAUSES, Stage
 from stability.core.invariants import INVARIANTS
+from stability.model.remedy import FIX_CLASSES
 
 STAGES = tuple(stage.value for stage in Stage)
 
@@ -30,6 +31,10 @@ class ZooBug:
     - ``op``: a substring of the failing op the harness should name (``Exp``, ``Sqrt``...).
     - ``cause``: the cause in the harness's vocabulary (``core.failures.CAUSES``).
     - ``fix``: what the maintainers changed, in words.
+    - ``fix_class``: the class of that change, one of ``model.remedy.FIX_CLASSES`` (an op
+      guard, a stable reformulation, data cleaning, the dtype, an optimizer setting, an
+      architecture change): the doctor's fix is right when it is of this class, or a
+      guard at the bug's op.
     - ``silent``: the bug gives a wrong value without any NaN or Inf.
     - ``invariant``: for a silent bug, the graph invariant it breaks (one of
       ``INVARIANTS``), else empty.
@@ -44,6 +49,7 @@ class ZooBug:
     op: str
     cause: str
     fix: str
+    fix_class: str = ""
     silent: bool = False
     invariant: str = ""
 
@@ -52,6 +58,10 @@ class ZooBug:
             raise StabilityError(f"zoo bug {self.name}: stage {self.stage!r} not one of {STAGES}")
         if self.cause not in CAUSES:
             raise StabilityError(f"zoo bug {self.name}: cause {self.cause!r} not one of {CAUSES}")
+        if self.fix_class not in FIX_CLASSES:
+            raise StabilityError(
+                f"zoo bug {self.name}: fix_class {self.fix_class!r} not one of {FIX_CLASSES}"
+            )
         if self.invariant and self.invariant not in INVARIANTS:
             raise StabilityError(
                 f"zoo bug {self.name}: invariant {self.invariant!r} not one of {INVARIANTS}"

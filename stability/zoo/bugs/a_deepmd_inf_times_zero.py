@@ -117,6 +117,7 @@ BUG = ZooBug(
         "segment's max overflows exp, the mask multiply makes inf * 0 = NaN, and the NaN "
         "poisons the segment's denominator"
     ),
+    fix_class="stable reformulation",
     variant="zoo_a_deepmd_inf_times_zero",
     stage="forward",
     op="Exp",

@@ -121,6 +121,7 @@ BUG = ZooBug(
         "GATConv's softmax exp(leakyrelu(a'[Wx_i; Wx_j])) without the max subtracted "
         "overflows at the first forward pass for inputs of ~100; inf/inf is NaN"
     ),
+    fix_class="stable reformulation",
     variant="zoo_a_gnnjl_gat_100",
     stage="forward",
     op="Exp",

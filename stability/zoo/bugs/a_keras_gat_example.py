@@ -135,6 +135,7 @@ BUG = ZooBug(
         "right only for edges sorted by target; on an unsorted edge list the weights of a "
         "node no longer sum to 1, with every value finite"
     ),
+    fix_class="architecture change",
     variant="zoo_a_keras_gat_example",
     stage="forward",
     op="softmax normalization",

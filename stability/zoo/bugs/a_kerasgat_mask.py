@@ -106,6 +106,7 @@ BUG = ZooBug(
         "the additive mask -10e9 * (1 - A) overflows float16: -10e9 becomes -inf and "
         "-inf * 0 = NaN on every edge, so the masked softmax is NaN"
     ),
+    fix_class="stable reformulation",
     variant="zoo_a_kerasgat_mask",
     stage="forward",
     op="mul",

@@ -110,6 +110,7 @@ BUG = ZooBug(
         "a safe softmax returns 0 for a fully masked row: a node whose incoming edges are all "
         "masked gets attention weights summing to 0, with no NaN anywhere"
     ),
+    fix_class="data cleaning",
     variant="zoo_a_masked_zero_rows",
     stage="forward",
     op="softmax normalization",

@@ -127,6 +127,7 @@ BUG = ZooBug(
         "utils.softmax computed exp(src) / scatter_add(exp(src)) without the per-node max; "
         "GATConv's scores grow past 88.7 in training, exp overflows and inf/inf is NaN"
     ),
+    fix_class="stable reformulation",
     variant="zoo_a_pyg_gat_softmax",
     stage="forward",
     op="Exp",

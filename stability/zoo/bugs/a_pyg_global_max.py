@@ -107,6 +107,7 @@ BUG = ZooBug(
         "utils.softmax subtracted one global max (PR #1707): a group far below it underflows "
         "and 0/(0 + 1e-16) gives weights summing to 0, with no NaN"
     ),
+    fix_class="stable reformulation",
     variant="zoo_a_pyg_global_max",
     stage="forward",
     op="softmax normalization",

@@ -137,6 +137,7 @@ BUG = ZooBug(
         "likely from a torch-scatter build not matching PyTorch; src - max = 3.4e38, exp "
         "overflows and inf/inf is NaN at the first step"
     ),
+    fix_class="stable reformulation",
     variant="zoo_a_pyg_nnconv_exp",
     stage="forward",
     op="Exp",

@@ -98,6 +98,7 @@ BUG = ZooBug(
         "unscaled edge distance, reaches the hundreds: every exp into a node flushes to 0 and "
         "the softmax divides 0 by 0 (not a gradient explosion)"
     ),
+    fix_class="architecture change",
     variant="zoo_a_seed",
     stage="forward",
     op="RealDiv",

@@ -97,6 +97,7 @@ BUG = ZooBug(
         "softmax with a self term reads it at a node without incoming edges, exp(self - "
         "lowest) = exp(3.4e38) = inf and inf/inf is NaN"
     ),
+    fix_class="stable reformulation",
     variant="zoo_a_tf_segment_max_empty",
     stage="forward",
     op="Exp",

@@ -99,6 +99,7 @@ BUG = ZooBug(
         "a softmax over a fully masked (-inf) row sums nothing: every exp is 0 and the "
         "division is 0/0 = NaN"
     ),
+    fix_class="op guard",
     variant="zoo_a_torch_safe_softmax",
     stage="forward",
     op="RealDiv",

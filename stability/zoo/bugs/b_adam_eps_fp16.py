@@ -138,6 +138,7 @@ BUG = ZooBug(
         "Adam's step m / (sqrt(v) + eps) computed in float16, where eps = 1e-8 rounds to 0: "
         "0 / 0 on a weight whose gradient is exactly 0"
     ),
+    fix_class="dtype",
     variant="zoo_b_adam_eps_fp16",
     stage="weights",
     op="RealDiv",

@@ -107,6 +107,7 @@ BUG = ZooBug(
         "SAGEConv's mean divides by clamp(in_degree, 1, number_of_edges), which is 0 on a "
         "graph without edges: 0 / 0 at every node"
     ),
+    fix_class="op guard",
     variant="zoo_b_dgl_no_edges",
     stage="forward",
     op="RealDiv",

@@ -75,6 +75,7 @@ BUG = ZooBug(
         "a max reduce leaves nodes without in-edges at the dtype's lowest value (DGL: -inf); "
         "the next Dense layer overflows to inf"
     ),
+    fix_class="data cleaning",
     variant="zoo_b_dgl_zero_in_degree",
     stage="forward",
     op="MatMul",

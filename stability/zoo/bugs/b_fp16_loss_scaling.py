@@ -109,6 +109,7 @@ BUG = ZooBug(
         "under mixed_float16 a float16 head makes the loss float16, and the loss scaled by "
         "2^15 overflows float16 as soon as the loss exceeds 2"
     ),
+    fix_class="dtype",
     variant="zoo_b_fp16_loss_scaling",
     stage="loss",
     op="Mul",

@@ -105,6 +105,7 @@ BUG = ZooBug(
         "GCN's deg ** -0.5 is inf at a node of degree 0; the node's aggregate 0 times that "
         "inf is NaN"
     ),
+    fix_class="op guard",
     variant="zoo_b_gcn_deg_isolated",
     stage="forward",
     op="Pow",

@@ -106,6 +106,7 @@ BUG = ZooBug(
         "GCN's weighted degree is negative where learned edge weights of any sign sum "
         "below -1, and deg ** -0.5 of it is NaN"
     ),
+    fix_class="architecture change",
     variant="zoo_b_gcn_negative_weight",
     stage="forward",
     op="Pow",

@@ -80,6 +80,7 @@ BUG = ZooBug(
         "a log-sum-exp aggregation takes the log of the pooled sum of exponentials, which "
         "is 0 at a node without incoming edges: log(0) = -inf"
     ),
+    fix_class="op guard",
     variant="zoo_b_log_pooled_zero",
     stage="forward",
     op="Log",

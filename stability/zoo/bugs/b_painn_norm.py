@@ -143,6 +143,7 @@ BUG = ZooBug(
         "PaiNN's norm of the mixed vector features is 0 at an atom without neighbours, and "
         "its gradient there is 0 / 0"
     ),
+    fix_class="op guard",
     variant="zoo_b_painn_norm",
     stage="gradient",
     op="Sqrt",

@@ -139,6 +139,7 @@ BUG = ZooBug(
         "tf.where(d == 0, limit, sin(f d / c) / d) is finite forward, but the untaken "
         "branch's gradient 0 / d is 0 / 0 at d = 0"
     ),
+    fix_class="op guard",
     variant="zoo_b_sinc_where_grad",
     stage="gradient",
     op="RealDiv",

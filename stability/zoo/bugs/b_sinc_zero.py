@@ -132,6 +132,7 @@ BUG = ZooBug(
         "a radial function that divides by the distance, DimeNet's sin(f d / c) / d, is "
         "0 / 0 at two overlapping atoms"
     ),
+    fix_class="data cleaning",
     variant="zoo_b_sinc_zero",
     stage="forward",
     op="RealDiv",

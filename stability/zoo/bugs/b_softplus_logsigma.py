@@ -87,6 +87,7 @@ BUG = ZooBug(
         "a softplus standard deviation underflows to ~0 for very negative inputs, and the "
         "Gaussian NLL's ((y - mu) / sigma)^2 overflows"
     ),
+    fix_class="op guard",
     variant="zoo_b_softplus_logsigma",
     stage="loss",
     op="Square",

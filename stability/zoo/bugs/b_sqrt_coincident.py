@@ -131,6 +131,7 @@ BUG = ZooBug(
         "EGNN's distance |x_i - x_j| between weight-dependent positions is 0 at coincident "
         "atoms: finite forward, but sqrt's gradient there is inf, times 0 is NaN"
     ),
+    fix_class="op guard",
     variant="zoo_b_sqrt_coincident",
     stage="gradient",
     op="Sqrt",

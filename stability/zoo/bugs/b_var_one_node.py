@@ -101,6 +101,7 @@ BUG = ZooBug(
         "a per-graph std readout sqrt(var) is 0 on a one-atom molecule, and sqrt's "
         "derivative there is inf, times h - mean = 0 is NaN"
     ),
+    fix_class="op guard",
     variant="zoo_b_var_one_node",
     stage="gradient",
     op="Sqrt",

@@ -107,6 +107,7 @@ BUG = ZooBug(
         "GGNN transposes its (minibatch, atom, ch, edge_type) messages with (0, 3, 2, 1), so "
         "the reshape mixes atoms with channels and the output depends on the atoms' numbering"
     ),
+    fix_class="architecture change",
     variant="zoo_s_chainer_ggnn_transpose",
     stage="forward",
     op="Transpose",

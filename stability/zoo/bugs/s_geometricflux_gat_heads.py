@@ -114,6 +114,7 @@ BUG = ZooBug(
         "function, never across the node's neighbours: a node's weights per head do not sum "
         "to 1"
     ),
+    fix_class="architecture change",
     variant="zoo_s_geometricflux_gat_heads",
     stage="forward",
     op="softmax normalization",

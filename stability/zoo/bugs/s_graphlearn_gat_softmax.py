@@ -103,6 +103,7 @@ BUG = ZooBug(
         "GATConv's full-neighbour branch applies tf.nn.softmax to [total_nbrs, 1] scores, a "
         "softmax over one value: every weight is 1 and a node's weights sum to its in-degree"
     ),
+    fix_class="architecture change",
     variant="zoo_s_graphlearn_gat_softmax",
     stage="forward",
     op="softmax normalization",

@@ -91,6 +91,7 @@ BUG = ZooBug(
         "the attention head masks pairs of two graphs to score 0 instead of -inf, so each "
         "node's softmax spans the whole batch and mixes in other graphs' values"
     ),
+    fix_class="architecture change",
     variant="zoo_s_graphormer_batch_softmax",
     stage="forward",
     op="softmax",

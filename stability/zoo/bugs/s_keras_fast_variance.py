@@ -138,6 +138,7 @@ BUG = ZooBug(
         "BatchNormalization's variance E[x^2] - E[x]^2 (clamped at 0) cancels every float32 "
         "digit of a feature whose mean is large against its spread; float64 gets it right"
     ),
+    fix_class="stable reformulation",
     variant="zoo_s_keras_fast_variance",
     stage="forward",
     op="moments",

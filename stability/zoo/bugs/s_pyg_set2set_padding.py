@@ -110,6 +110,7 @@ BUG = ZooBug(
         "Set2Set pads every graph with zero rows to the batch's largest graph and its softmax "
         "gives each padding row a weight, so a graph's readout depends on its batch-mates"
     ),
+    fix_class="architecture change",
     variant="zoo_s_pyg_set2set_padding",
     stage="forward",
     op="softmax",

@@ -93,6 +93,7 @@ BUG = ZooBug(
         "GlobalAttnSumPool in disjoint mode takes one softmax over every node of the batch, "
         "so a graph's pooled vector depends on the graphs batched with it; all values finite"
     ),
+    fix_class="architecture change",
     variant="zoo_s_spektral_attn_pool",
     stage="forward",
     op="softmax",

@@ -94,6 +94,7 @@ BUG = ZooBug(
         "the sparse adjacency sorts its edges lexicographically while the edge features stay "
         "in the listed order, so each edge is convolved with another edge's features"
     ),
+    fix_class="data cleaning",
     variant="zoo_s_spektral_edge_features",
     stage="forward",
     op="sparse.reorder",

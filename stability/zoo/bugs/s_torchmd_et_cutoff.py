@@ -131,6 +131,7 @@ BUG = ZooBug(
         "ET multiplies only the attention by the cutoff function; the value pathway's dv_proj "
         "bias keeps a finite message at the cutoff, so the energy jumps when an atom crosses it"
     ),
+    fix_class="architecture change",
     variant="zoo_s_torchmd_et_cutoff",
     stage="forward",
     op="cutoff",

@@ -1,0 +1,138 @@
+"""The fix as code: the line of the user's code an op guard rewrote, before and after.
+
+An op guard (``stability.model.op_guard``) records the file and line that built each op it
+rewrote (``Site``). Here that line is read back and the call that built the op rewritten as
+the guard computes it: ``tf.sqrt(d2)`` becomes ``tf.sqrt(tf.maximum(d2, EPS))`` with ``EPS``
+the dtype's machine epsilon written out. The line is parsed with ``ast``, so the rewrite
+finds the op however the user spelt it (``tf.math.sqrt``, ``keras.ops.sqrt``, ``K.sqrt``,
+``x / y``, ``x ** -0.5``); an op built inside another call (``tf.norm``'s ``Sqrt``) is
+shown at that call, with the guard's expression to put in its place.
+"""
+
+from __future__ import annotations
+
+import ast
+import linecache
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from stability.model.op_guard import OpGuard, Site, exp_cap
+
+#: The binary operators that build an op type, for a guard's op types.
+_OPERATORS = {"RealDiv": ast.Div, "Div": ast.Div, "Pow": ast.Pow}
+
+
+@dataclass(frozen=True)
+class CodeFix:
+    """One rewritten line: where it is, and the line before and after."""
+
+    file: str
+    line: int
+    before: str
+    after: str
+
+    @property
+    def where(self) -> str:
+        return f"{_short(self.file)}:{self.line}"
+
+
+def _short(file: str) -> str:
+    """A path relative to the working folder where it is inside it."""
+    try:
+        return str(Path(file).resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return file
+
+
+def bounds(dtype: str) -> dict[str, str]:
+    """The constants a guard's code names, written out for ``dtype`` (a policy's compute
+    dtype for ``mixed_float16``)."""
+    info = np.finfo(np.dtype(dtype.removeprefix("mixed_")))
+    import tensorflow as tf
+
+    cap = exp_cap(tf.as_dtype(info.dtype))
+    return {"EPS": f"{float(info.eps):.3g}", "TINY": f"{float(info.tiny):.3g}", "CAP": f"{cap:.4g}"}
+
+
+def code_fixes(guard: OpGuard, sites: Sequence[Site], dtype: str) -> list[CodeFix]:
+    """The rewritten line for each distinct line of ``sites`` (in order); a site whose line
+    cannot be read is left out."""
+    fixes, seen = [], set()
+    for site in sites:
+        if site.file is None or site.line is None or (site.file, site.line) in seen:
+            continue
+        seen.add((site.file, site.line))
+        before = linecache.getline(site.file, site.line).strip()
+        if before:
+            after = rewrite_line(before, guard, dtype)
+            fixes.append(CodeFix(site.file, site.line, before, after))
+    return fixes
+
+
+def rewrite_line(line: str, guard: OpGuard, dtype: str) -> str:
+    """``line`` with the first call (or operator) that builds ``guard``'s op rewritten as
+    the guard computes it; the guard's expression alone, as a comment, where the line holds
+    no such call."""
+    constants = bounds(dtype)
+    tree = _parse(line)
+    target = _target(tree, guard) if tree is not None else None
+    if target is None:
+        return f"{line}  # guard its {'/'.join(guard.op_types)}: {_label(guard, constants)}"
+    call, args = _call_parts(target)
+    new = _fill(guard.code(call, args), constants)
+    source = ast.get_source_segment(line, target)
+    return line.replace(source, new, 1) if source else new
+
+
+def _label(guard: OpGuard, constants: dict[str, str]) -> str:
+    text = guard.label.replace("eps", constants["EPS"]).replace("tiny", constants["TINY"])
+    return text.replace("log(max) / 2", constants["CAP"])
+
+
+def _fill(code: str, constants: dict[str, str]) -> str:
+    for name, value in constants.items():
+        code = code.replace(name, value)
+    return code
+
+
+def _parse(line: str) -> ast.AST | None:
+    """The line as an expression or statement; a line that opens a block (``if x:``,
+    ``return f(``) is parsed as far as it is whole."""
+    for text in (line, line.rstrip(":") + ": pass", line.removeprefix("return ").rstrip("(,")):
+        try:
+            return ast.parse(text)
+        except SyntaxError:
+            continue
+    return None
+
+
+def _target(tree: ast.AST, guard: OpGuard) -> ast.AST | None:
+    """The innermost call of one of the guard's names, or operator of its op, in ``tree``."""
+    operators = {_OPERATORS[t] for t in guard.op_types if t in _OPERATORS}
+    found = None
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and _name(node.func) in guard.calls:
+            found = node
+        elif isinstance(node, ast.BinOp) and type(node.op) in operators:
+            found = found or node
+    return found
+
+
+def _name(func: ast.AST) -> str:
+    if isinstance(func, ast.Attribute):
+        return func.attr
+    return func.id if isinstance(func, ast.Name) else ""
+
+
+def _call_parts(node: ast.AST) -> tuple[str, list[str]]:
+    """The called function's text and the arguments' (an operator as ``tf.pow(a, b)`` or
+    ``tf.divide(a, b)``)."""
+    if isinstance(node, ast.BinOp):
+        name = "tf.pow" if isinstance(node.op, ast.Pow) else "tf.divide"
+        return name, [ast.unparse(node.left), ast.unparse(node.right)]
+    assert isinstance(node, ast.Call)
+    args = [ast.unparse(a) for a in node.args] + [ast.unparse(k) for k in node.keywords]
+    return ast.unparse(node.func), args

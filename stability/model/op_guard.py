@@ -1,0 +1,433 @@
+"""Op guards: a failing op rewritten at its site, the way its maintainers would write the fix.
+
+An op guard replaces the output of every op of one type (``Sqrt``, ``Log``, ``RealDiv``...)
+built inside one layer's ``call`` with the same op on a guarded input: a domain clamp, an
+epsilon, a capped or shifted argument, a division that is 0 where its denominator is. It
+acts on the op however the user wrote it (``tf.sqrt``, ``keras.ops.sqrt``, ``x ** 0.5``
+under ``Pow``, ``tf.norm``'s own ``Sqrt``), because it rewrites the op TensorFlow builds
+(``compat.tf_private.op_callback_first``), not the Python call; the gradient tape then
+differentiates the guarded op, so a guard repairs the gradient of an op whose forward value
+was finite (``SqrtGrad`` at 0) too.
+
+Every bound comes from the dtype the op computes in (docs/doctor.md, "Why each guard is
+right"): ``eps`` is its machine epsilon, ``tiny`` its smallest normal number, and the
+``exp`` cap half of ``log(max)``.
+
+A guarded layer records each op it rewrote (``sites``): its type, its name, and the line of
+the user's code that built it (the innermost frame outside TensorFlow, Keras, the standard
+library and this module), which the doctor prints as the fix.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import sys
+import sysconfig
+import threading
+import traceback
+import weakref
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from stability.compat.keras_layers import nested_layers
+from stability.compat.tf_private import op_callback_first, record_identity
+
+#: A guard's rewrite: the op's inputs -> its guarded outputs, or None to leave the op alone.
+Rewrite = Callable[[Sequence[tf.Tensor]], "list[tf.Tensor] | None"]
+
+
+@dataclass(frozen=True)
+class OpGuard:
+    """One guard: the remedy's ``name`` (``guard_sqrt``), the op types it rewrites, what it
+    computes instead (``label``, with ``X`` for the op's input), why that is right
+    (``why``), and the expression a user writes for it (``code(call, args)``, from the
+    function the user called and its arguments' source text)."""
+
+    name: str
+    op_types: tuple[str, ...]
+    label: str
+    why: str
+    rewrite: Rewrite
+    code: Callable[[str, Sequence[str]], str]
+    #: Names a user's call to the op has (``sqrt`` in ``tf.sqrt``, ``keras.ops.sqrt``).
+    calls: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Site:
+    """An op a guard rewrote: its type and name, and the user's line that built it."""
+
+    op_type: str
+    op_name: str
+    file: str | None
+    line: int | None
+
+
+def eps(dtype: tf.DType) -> float:
+    """The machine epsilon of a float dtype."""
+    return float(np.finfo(dtype.as_numpy_dtype).eps)
+
+
+def tiny(dtype: tf.DType) -> float:
+    """The smallest normal number of a float dtype: smaller results are flushed to 0 on CPU."""
+    return float(np.finfo(dtype.as_numpy_dtype).tiny)
+
+
+def exp_cap(dtype: tf.DType) -> float:
+    """Half of ``log(max)``: ``exp`` of it, squared (as a variance or a gradient of a product
+    squares it) or summed over up to ``sqrt(max)`` terms, is still finite."""
+    return 0.5 * math.log(float(np.finfo(dtype.as_numpy_dtype).max))
+
+
+def _floating(inputs: Sequence[tf.Tensor]) -> bool:
+    return bool(inputs) and inputs[0].dtype.is_floating
+
+
+def _const(value: float, like: tf.Tensor) -> tf.Tensor:
+    return tf.constant(value, like.dtype)
+
+
+def _sqrt(inputs: Sequence[tf.Tensor]) -> list[tf.Tensor]:
+    # Below eps (of an O(1) quantity) x is rounding noise; the floor keeps sqrt's derivative
+    # 1 / (2 sqrt(x)) under 1 / (2 sqrt(eps)) (1448 in float32), and maximum sends no
+    # gradient to x below the floor, so sqrt(0)'s infinite slope never reaches the weights.
+    (x,) = inputs
+    return [tf.sqrt(tf.maximum(x, _const(eps(x.dtype), x)))]
+
+
+def _rsqrt(inputs: Sequence[tf.Tensor]) -> list[tf.Tensor]:
+    # The same floor as sqrt's: 1 / sqrt(x) stays under 1 / sqrt(eps) and x <= 0 gets no NaN.
+    (x,) = inputs
+    return [tf.math.rsqrt(tf.maximum(x, _const(eps(x.dtype), x)))]
+
+
+def _log(inputs: Sequence[tf.Tensor]) -> list[tf.Tensor]:
+    # log is exact for every normal number, so only 0, denormals (flushed to 0 on CPU) and
+    # negatives are raised, to tiny: log(tiny) is -87.3 in float32 instead of -inf.
+    (x,) = inputs
+    return [tf.math.log(tf.maximum(x, _const(tiny(x.dtype), x)))]
+
+
+def _arc(fn: Callable[[tf.Tensor], tf.Tensor]) -> Rewrite:
+    def rewrite(inputs: Sequence[tf.Tensor]) -> list[tf.Tensor]:
+        # A cosine computed as a normalized dot product rounds past +-1 by an ulp or so; one
+        # eps inside the domain keeps acos' slope 1 / sqrt(1 - x^2) under 1 / sqrt(2 eps).
+        (x,) = inputs
+        bound = 1.0 - eps(x.dtype)
+        return [fn(tf.clip_by_value(x, _const(-bound, x), _const(bound, x)))]
+
+    return rewrite
+
+
+def _exp_cap(inputs: Sequence[tf.Tensor]) -> list[tf.Tensor]:
+    # exp(min(x, log(max) / 2)) is at most sqrt(max): finite, and so is its square.
+    (x,) = inputs
+    return [tf.exp(tf.minimum(x, _const(exp_cap(x.dtype), x)))]
+
+
+def _exp_shift(inputs: Sequence[tf.Tensor]) -> list[tf.Tensor]:
+    # exp(x - max x) scales every term by the same exp(-max x), which cancels in a ratio of
+    # them (a softmax); its largest term is exactly 1, so it neither overflows nor is all 0.
+    # The max is a constant to the tape, as in every stable softmax: the ratio's gradient
+    # does not depend on it.
+    (x,) = inputs
+    top = tf.stop_gradient(tf.reduce_max(x))
+    top = tf.where(tf.math.is_finite(top), top, tf.zeros_like(top))  # an empty or inf x
+    return [tf.exp(x - top)]
+
+
+def _divide(inputs: Sequence[tf.Tensor]) -> list[tf.Tensor]:
+    # x / 0 becomes 0, not inf or NaN (an empty neighbourhood's mean, a softmax whose terms
+    # all underflowed): TensorFlow's divide_no_nan, whose gradient is 0 there too.
+    x, y = inputs
+    return [tf.math.divide_no_nan(x, y)]
+
+
+def _reciprocal(inputs: Sequence[tf.Tensor]) -> list[tf.Tensor]:
+    (x,) = inputs
+    return [tf.math.divide_no_nan(tf.ones_like(x), x)]
+
+
+def _pow(inputs: Sequence[tf.Tensor]) -> list[tf.Tensor] | None:
+    # x ** y is real for x > 0 only (unless y is an integer), and infinite at x = 0 for
+    # y < 0 (deg ** -0.5 of an isolated node). Outside the domain the result is 0, as in
+    # PyG's gcn_norm; the inner where gives the discarded branch a finite input (1), so its
+    # gradient is finite too (the double-where pattern).
+    x, y = inputs
+    static = tf.get_static_value(y)
+    integral = static is not None and np.all(np.equal(np.mod(static, 1), 0))
+    if integral and np.all(np.asarray(static) >= 0):
+        return None  # a polynomial: defined everywhere
+    inside = tf.not_equal(x, 0) if integral else tf.greater(x, 0)
+    safe = tf.where(inside, x, tf.ones_like(x))
+    return [tf.where(inside, tf.pow(safe, y), tf.zeros_like(x))]
+
+
+def _wrapped(inner: str) -> Callable[[str, Sequence[str]], str]:
+    """``f(g(arg, ...))`` as code: ``inner`` is a template on ``{ns}`` (the namespace the
+    user called the op from) and ``{x}`` (its first argument)."""
+
+    def code(call: str, args: Sequence[str]) -> str:
+        ns = call.rpartition(".")[0] or "tf"
+        rest = "".join(f", {a}" for a in args[1:])
+        return f"{call}({inner.format(ns=_namespace(ns), x=args[0] if args else 'x')}{rest})"
+
+    return code
+
+
+def _sqrt_code(call: str, args: Sequence[str]) -> str:
+    """The sqrt guard as code; ``tf.norm(v, ...)`` (whose ``Sqrt`` is its own) written out
+    as the root of the guarded sum of squares."""
+    if not call.endswith("norm"):
+        return _wrapped("{ns}.maximum({x}, EPS)")(call, args)
+    ns = _namespace(call.rpartition(".")[0] or "tf")
+    total = "reduce_sum" if ns == "tf" else "sum"
+    x = args[0] if args else "x"
+    rest = "".join(f", {a}" for a in args[1:] if not a.startswith("ord="))
+    return f"{ns}.sqrt({ns}.maximum({ns}.{total}({ns}.square({x}){rest}), EPS))"
+
+
+def _namespace(ns: str) -> str:
+    """The namespace whose ``maximum``/``clip_by_value`` a guard's code uses: ``tf`` for any
+    of TensorFlow's (``tf.math``), else the user's (``keras.ops``, ``K``, ``ops``)."""
+    return "tf" if ns.split(".")[0] in ("tf", "tensorflow") else ns
+
+
+def _two(args: Sequence[str]) -> tuple[str, str]:
+    """The first two arguments' source text (``x`` and ``y`` where the call has fewer)."""
+    x, y = [*args, *("x", "y")[len(args) :]][:2]
+    return x, y
+
+
+def _pow_code(call: str, args: Sequence[str]) -> str:
+    x, y = _two(args)
+    return f"tf.where({x} > 0, tf.pow(tf.where({x} > 0, {x}, 1.0), {y}), 0.0)"
+
+
+def _divide_code(call: str, args: Sequence[str]) -> str:
+    x, y = _two(args)
+    return f"tf.math.divide_no_nan({x}, {y})"
+
+
+def _exp_shift_code(call: str, args: Sequence[str]) -> str:
+    x = args[0] if args else "x"
+    return f"{call}({x} - tf.stop_gradient(tf.reduce_max({x})))"
+
+
+_EPS = "machine epsilon"
+GUARDS: tuple[OpGuard, ...] = (
+    OpGuard(
+        "guard_sqrt",
+        ("Sqrt",),
+        "sqrt(maximum(X, eps))",
+        f"below the {_EPS} X is rounding noise; the floor bounds sqrt's slope by "
+        "1 / (2 sqrt(eps)), and X below it gets no gradient",
+        _sqrt,
+        _sqrt_code,
+        ("sqrt", "norm"),
+    ),
+    OpGuard(
+        "guard_rsqrt",
+        ("Rsqrt",),
+        "rsqrt(maximum(X, eps))",
+        f"the same floor as sqrt's: 1 / sqrt(X) stays under 1 / sqrt(eps), the {_EPS}",
+        _rsqrt,
+        _wrapped("{ns}.maximum({x}, EPS)"),
+        ("rsqrt",),
+    ),
+    OpGuard(
+        "guard_log",
+        ("Log",),
+        "log(maximum(X, tiny))",
+        "log is exact on every normal number; only 0, denormals (flushed to 0 on CPU) and "
+        "negatives are raised to the smallest normal number, whose log is finite",
+        _log,
+        _wrapped("{ns}.maximum({x}, TINY)"),
+        ("log",),
+    ),
+    OpGuard(
+        "guard_acos",
+        ("Acos",),
+        "acos(clip(X, -1 + eps, 1 - eps))",
+        "a cosine from a normalized dot product rounds past +-1; one eps inside keeps the "
+        "slope under 1 / sqrt(2 eps)",
+        _arc(tf.acos),
+        _wrapped("{ns}.clip_by_value({x}, -1.0 + EPS, 1.0 - EPS)"),
+        ("acos", "arccos"),
+    ),
+    OpGuard(
+        "guard_asin",
+        ("Asin",),
+        "asin(clip(X, -1 + eps, 1 - eps))",
+        "as acos: one eps inside [-1, 1] keeps the slope finite",
+        _arc(tf.asin),
+        _wrapped("{ns}.clip_by_value({x}, -1.0 + EPS, 1.0 - EPS)"),
+        ("asin", "arcsin"),
+    ),
+    OpGuard(
+        "guard_exp_cap",
+        ("Exp",),
+        "exp(minimum(X, log(max) / 2))",
+        "exp of at most log(max) / 2 is at most sqrt(max): finite, squared or summed",
+        _exp_cap,
+        _wrapped("{ns}.minimum({x}, CAP)"),
+        ("exp",),
+    ),
+    OpGuard(
+        "guard_exp_shift",
+        ("Exp",),
+        "exp(X - max X)",
+        "every term is scaled by the same exp(-max X), which cancels in a ratio of them; "
+        "the largest term is 1, so the terms neither overflow nor all vanish",
+        _exp_shift,
+        _exp_shift_code,
+        ("exp",),
+    ),
+    OpGuard(
+        "guard_divide",
+        ("RealDiv", "Div"),
+        "divide_no_nan(X, Y)",
+        "a quotient by exactly 0 (an empty neighbourhood, a sum of underflowed terms) is "
+        "0, with a gradient of 0, instead of inf or NaN",
+        _divide,
+        _divide_code,
+        ("divide", "truediv", "div"),
+    ),
+    OpGuard(
+        "guard_reciprocal",
+        ("Reciprocal", "Inv"),
+        "divide_no_nan(1, X)",
+        "as the division's: 1 / 0 is 0, with a gradient of 0",
+        _reciprocal,
+        lambda call, args: f"tf.math.divide_no_nan(1.0, {args[0] if args else 'x'})",
+        ("reciprocal",),
+    ),
+    OpGuard(
+        "guard_pow",
+        ("Pow",),
+        "where(X > 0, pow(where(X > 0, X, 1), Y), 0)",
+        "X ** Y is real for X > 0 (unless Y is an integer) and infinite at 0 for Y < 0; "
+        "outside the domain the result is 0 (PyG's gcn_norm), and the inner where gives "
+        "the discarded branch a finite input, so its gradient is finite",
+        _pow,
+        _pow_code,
+        ("pow", "power"),
+    ),
+)
+
+
+def guard_named(name: str) -> OpGuard:
+    """The guard called ``name`` (``guard_sqrt``)."""
+    return {g.name: g for g in GUARDS}[name]
+
+
+def guards_for(op_type: str) -> list[OpGuard]:
+    """The guards that rewrite ops of ``op_type``."""
+    return [g for g in GUARDS if op_type in g.op_types]
+
+
+#: The ops each guarded layer rewrote, by layer (kept only while the layer lives).
+_SITES: weakref.WeakKeyDictionary[keras.Layer, list[Site]] = weakref.WeakKeyDictionary()
+_ACTIVE = threading.local()
+
+
+def sites(layer: keras.Layer) -> list[Site]:
+    """Every op the guard on ``layer`` rewrote so far (each trace and eager call adds)."""
+    return list(_SITES.get(layer, []))
+
+
+def model_sites(model: keras.Layer) -> list[Site]:
+    """Every op the guards on ``model`` and its layers (at any depth) rewrote so far."""
+    return [site for layer in [model, *nested_layers(model)] for site in sites(layer)]
+
+
+def guard_layer(layer: keras.Layer, guard: OpGuard) -> None:
+    """Rewrite every op of ``guard``'s types built in ``layer``'s ``call`` (and ``forward``,
+    where the layer has one) from now on, and record each in ``sites(layer)``."""
+    found = _SITES.setdefault(layer, [])
+    #: (outputs, guarded values) whose tape record waits for the layer's call to end.
+    pending: list[tuple[list[tf.Tensor], list[tf.Tensor]]] = []
+
+    def callback(op_type: str, inputs: Any, attrs: Any, outputs: Any, **where: Any) -> Any:
+        if op_type not in guard.op_types or not _floating(inputs) or _ACTIVE.__dict__.get("busy"):
+            return None
+        # Eagerly, the ops the rewrite runs come back to this callback (TensorFlow guards
+        # against that only while tracing): the flag leaves them alone.
+        _ACTIVE.busy = True
+        try:
+            new = guard.rewrite(inputs)
+            returned = None if new is None else [tf.identity(t) for t in new]
+        finally:
+            _ACTIVE.busy = False
+        if returned is None:
+            return None
+        # The tape records ``returned`` as the raw op's outputs, from the raw inputs (its
+        # gradient would be the raw op's: 1 / x at x = 0 for Log); once the raw op is
+        # recorded, ``flush`` records them again as the identity of the guarded values.
+        pending.append((returned, new))
+        file, line = user_frame()
+        found.append(Site(op_type, str(where.get("op_name") or op_type), file, line))
+        return returned
+
+    def flush() -> None:
+        while pending:
+            record_identity(*pending.pop())
+
+    for method in ("call", "forward"):
+        original = getattr(layer, method, None)
+        if callable(original):
+            # An instance attribute shadows the class's method; Keras' __call__ calls it.
+            object.__setattr__(layer, method, _under(callback, flush, original))
+
+
+def _under(
+    callback: Callable[..., Any], flush: Callable[[], None], method: Callable[..., Any]
+) -> Callable[..., Any]:
+    """``method`` run with ``callback`` seeing its ops (once however the calls nest), and
+    ``flush`` run when it returns."""
+
+    @functools.wraps(method)
+    def guarded(*args: Any, **kwargs: Any) -> Any:
+        active = getattr(_ACTIVE, "callbacks", set())
+        if id(callback) in active:
+            return method(*args, **kwargs)
+        _ACTIVE.callbacks = active | {id(callback)}
+        try:
+            with op_callback_first(callback):
+                return method(*args, **kwargs)
+        finally:
+            _ACTIVE.callbacks = active
+            flush()
+
+    return guarded
+
+
+def _library_roots() -> tuple[str, ...]:
+    roots = {str(Path(__file__).resolve().parent.parent / "compat")}
+    for name in ("tensorflow", "keras", "tf_keras", "tensorflow_core", "absl"):
+        module = sys.modules.get(name)
+        for path in getattr(module, "__path__", []) or []:
+            roots.add(str(Path(path).resolve()))
+    return tuple(sorted(roots))
+
+
+def user_frame() -> tuple[str | None, int | None]:
+    """The file and line of the innermost frame outside TensorFlow, Keras, the standard
+    library and this module: the user's code that built the op being rewritten."""
+    roots, here = _library_roots(), str(Path(__file__).resolve())
+    paths = sysconfig.get_paths()
+    stdlib, installed = paths["stdlib"], (paths["purelib"], paths["platlib"])
+    for frame in reversed(traceback.extract_stack()):
+        path = str(Path(frame.filename).resolve())
+        in_stdlib = path.startswith(stdlib) and not path.startswith(installed)
+        if path == here or in_stdlib or path.startswith(roots) or frame.filename.startswith("<"):
+            continue
+        return frame.filename, frame.lineno
+    return None, None

@@ -1,0 +1,190 @@
+"""The op guards (``stability.model.op_guard``): each keeps its op finite, value and gradient,
+where the raw op is not, changes nothing inside the op's domain, and rewrites only the ops
+of the layer it guards, recording the user's line that built each."""
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from stability.doctor.run import failing_ops
+from stability.model.op_guard import GUARDS, guard_layer, guard_named, sites
+
+#: guard -> (the op as a user writes it, an input outside its domain, inputs inside it)
+CASES = {
+    "guard_sqrt": (lambda x: tf.sqrt(x), [0.0, -1e-9], [1e-3, 2.0, 1e4]),
+    "guard_rsqrt": (lambda x: tf.math.rsqrt(x), [0.0, -1.0], [1e-3, 2.0, 1e4]),
+    "guard_log": (lambda x: tf.math.log(x), [0.0, -1.0], [1e-30, 2.0, 1e30]),
+    "guard_acos": (lambda x: tf.acos(x), [1.0, -1.0000001], [-0.5, 0.0, 0.9]),
+    "guard_asin": (lambda x: tf.asin(x), [1.0, 1.0000001], [-0.5, 0.0, 0.9]),
+    "guard_exp_cap": (lambda x: tf.exp(x), [100.0, 89.0], [-50.0, 0.0, 40.0]),
+    "guard_divide": (lambda x: x / (x - x), [0.0, 3.0], []),
+    "guard_reciprocal": (lambda x: tf.math.reciprocal(x), [0.0, -0.0], [0.5, -4.0]),
+    "guard_pow": (lambda x: tf.pow(x, -0.5), [0.0, -2.0], [0.25, 4.0, 1e6]),
+}
+
+
+class Op(keras.layers.Layer):
+    def __init__(self, fn, **kwargs):
+        super().__init__(**kwargs)
+        self.fn = fn
+
+    def call(self, x):
+        return self.fn(x)
+
+
+def _value_and_gradient(layer, x):
+    """The layer's output on ``x`` in a traced step, and the gradient of its sum with
+    respect to a weight ``w`` (all ones) that scales ``x``, as a training step takes it."""
+    x = tf.constant(x, tf.float32)
+    w = tf.Variable(tf.ones_like(x))
+
+    @tf.function
+    def run(x):
+        with tf.GradientTape() as tape:
+            y = layer(w * x)
+            total = tf.reduce_sum(y)
+        return y, tape.gradient(total, w)
+
+    y, g = run(x)
+    return y.numpy(), g.numpy()
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_a_guard_keeps_value_and_gradient_finite_outside_the_domain(name):
+    fn, outside, _ = CASES[name]
+    raw = Op(fn)
+    y, g = _value_and_gradient(raw, outside)
+    assert not (np.isfinite(y).all() and np.isfinite(g).all()), "guards the test: raw op fails"
+    guarded = Op(fn)
+    guard_layer(guarded, guard_named(name))
+    y, g = _value_and_gradient(guarded, outside)
+    assert np.isfinite(y).all() and np.isfinite(g).all(), (name, y, g)
+
+
+@pytest.mark.parametrize("name", sorted(n for n, case in CASES.items() if case[2]))
+def test_a_guard_changes_nothing_inside_the_domain(name):
+    fn, _, inside = CASES[name]
+    guarded = Op(fn)
+    guard_layer(guarded, guard_named(name))
+    expected, expected_gradient = _value_and_gradient(Op(fn), inside)
+    y, g = _value_and_gradient(guarded, inside)
+    np.testing.assert_allclose(y, expected, rtol=1e-6)
+    np.testing.assert_allclose(g, expected_gradient, rtol=1e-6)
+
+
+def test_the_shifted_exp_leaves_a_softmax_as_it_was_and_finite_where_it_overflowed():
+    def softmax(x):
+        e = tf.exp(x)
+        return e / tf.reduce_sum(e)
+
+    guarded = Op(softmax)
+    guard_layer(guarded, guard_named("guard_exp_shift"))
+    small = [0.5, -1.0, 2.0]
+    np.testing.assert_allclose(
+        _value_and_gradient(guarded, small)[0], _value_and_gradient(Op(softmax), small)[0], 1e-6
+    )
+    y, g = _value_and_gradient(guarded, [100.0, 99.0])
+    assert np.isfinite(y).all() and np.isfinite(g).all()
+    assert not np.isfinite(_value_and_gradient(Op(softmax), [100.0, 99.0])[0]).all()
+
+
+def test_an_integral_power_is_left_alone():
+    guarded = Op(lambda x: tf.pow(x, 2.0))
+    guard_layer(guarded, guard_named("guard_pow"))
+    y, _ = _value_and_gradient(guarded, [-3.0, 0.0])
+    np.testing.assert_allclose(y, [9.0, 0.0])
+
+
+def test_only_the_guarded_layers_ops_are_rewritten_and_each_names_the_users_line():
+    class Two(keras.Model):
+        def __init__(self):
+            super().__init__()
+            self.first, self.second = Op(tf.sqrt, name="first"), Op(tf.sqrt, name="second")
+
+        def call(self, x):
+            return self.first(x) + self.second(x)
+
+    model = Two()
+    guard_layer(model.first, guard_named("guard_sqrt"))
+    _, g = _value_and_gradient(model, [0.0])
+    assert np.isnan(g).all() or np.isinf(g).all(), "the second layer's sqrt stays raw"
+    found = sites(model.first)
+    assert found and {s.op_type for s in found} == {"Sqrt"}
+    assert not sites(model.second)
+    # The op was built by ``Op.call`` in this file: the line is the user's, not Keras'.
+    assert all(s.file == __file__ for s in found), found
+    with open(__file__, encoding="utf-8") as source:
+        lines = source.read().splitlines()
+    assert all("return self.fn(x)" in lines[s.line - 1] for s in found), found
+
+
+def test_every_guard_has_a_distinct_name_and_op_types():
+    assert len({g.name for g in GUARDS}) == len(GUARDS)
+    assert all(g.op_types and g.name.startswith("guard_") for g in GUARDS)
+
+
+@pytest.mark.parametrize(
+    ("text", "ops"),
+    [
+        ("Sqrt (Sqrt) gradient: SqrtGrad", ("Sqrt",)),
+        ("ConcatV2 (concat) gradient: SqrtGrad", ("ConcatV2", "Sqrt")),
+        ("Exp (Exp_1)", ("Exp",)),
+        ("HalfStepAdam update: RealDiv (truediv_1) 0/0 in the update", ("RealDiv",)),
+        ("softmax normalization: weights sum to 0 at 3 of 5 nodes", ()),
+        ("", ()),
+    ],
+)
+def test_the_failing_ops_are_read_from_a_rows_op_text(text, ops):
+    assert failing_ops(text) == ops
+
+
+# --- the fix as code (``stability.doctor.code_fix``) -----------------------------------------
+
+REWRITES = [
+    (
+        "guard_sqrt",
+        "std = K.sqrt(K.mean(x ** 2) - K.mean(x) ** 2)",
+        "std = K.sqrt(K.maximum(K.mean(x ** 2) - K.mean(x) ** 2, 1.19e-07))",
+    ),
+    (
+        "guard_sqrt",
+        "d = tf.norm(v, axis=-1)  # the distance",
+        "d = tf.sqrt(tf.maximum(tf.reduce_sum(tf.square(v), axis=-1), 1.19e-07))  # the distance",
+    ),
+    (
+        "guard_sqrt",
+        "n = keras.ops.sqrt(keras.ops.sum(mu ** 2, axis=-2))",
+        "n = keras.ops.sqrt(keras.ops.maximum(keras.ops.sum(mu ** 2, axis=-2), 1.19e-07))",
+    ),
+    (
+        "guard_pow",
+        "norm = deg ** -0.5",
+        "norm = tf.where(deg > 0, tf.pow(tf.where(deg > 0, deg, 1.0), -0.5), 0.0)",
+    ),
+    ("guard_divide", "a = e / s", "a = tf.math.divide_no_nan(e, s)"),
+    ("guard_log", "return tf.math.log(p)", "return tf.math.log(tf.maximum(p, 1.18e-38))"),
+    ("guard_exp_cap", "e = tf.exp(a)", "e = tf.exp(tf.minimum(a, 44.36))"),
+]
+
+
+@pytest.mark.parametrize(("name", "before", "after"), REWRITES)
+def test_the_guarded_line_is_written_as_the_user_would_write_it(name, before, after):
+    from stability.doctor.code_fix import rewrite_line
+
+    assert rewrite_line(before, guard_named(name), "float32") == after
+
+
+def test_the_bounds_in_the_code_are_the_dtypes():
+    from stability.doctor.code_fix import rewrite_line
+
+    line = rewrite_line("y = tf.sqrt(x)", guard_named("guard_sqrt"), "float64")
+    assert line == "y = tf.sqrt(tf.maximum(x, 2.22e-16))"
+    assert "0.000977" in rewrite_line("y = tf.sqrt(x)", guard_named("guard_sqrt"), "mixed_float16")
+
+
+def test_a_line_without_the_op_gets_the_guard_as_a_comment():
+    from stability.doctor.code_fix import rewrite_line
+
+    line = rewrite_line("h = self.readout(h)", guard_named("guard_sqrt"), "float32")
+    assert line.startswith("h = self.readout(h)  # guard its Sqrt: sqrt(maximum(X, 1.19e-07))")
