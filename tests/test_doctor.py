@@ -453,7 +453,8 @@ def test_a_user_model_without_the_layer_hook_cannot_take_the_softmax_remedies(
     [
         ("raw_e+nope", "unknown model remedy 'nope'"),
         ("raw_e+lower_lr", "unknown model remedy 'lower_lr'"),  # a case remedy
-        ("raw_e+clip+clip", "one remedy"),
+        ("raw_e+clip+clip", "names one remedy twice"),
+        ("raw_e+clip+", "VARIANT+REMEDY"),
         ("raw_e+clip@x", "takes no @layer"),
         ("+clip", "VARIANT+REMEDY"),
         ("raw_ee+clip", "Did you mean 'raw_e'?"),

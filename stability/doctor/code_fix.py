@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from stability.model.op_guard import OpGuard, Site, exp_cap
+from stability.model.op_guard import OpGuard, Site, exp_cap, guard_named
 
 #: The binary operators that build an op type, for a guard's op types.
 _OPERATORS = {"RealDiv": ast.Div, "Div": ast.Div, "Pow": ast.Pow}
@@ -57,9 +57,9 @@ def bounds(dtype: str) -> dict[str, str]:
     return {"EPS": f"{float(info.eps):.3g}", "TINY": f"{float(info.tiny):.3g}", "CAP": f"{cap:.4g}"}
 
 
-def code_fixes(guard: OpGuard, sites: Sequence[Site], dtype: str) -> list[CodeFix]:
-    """The rewritten line for each distinct line of ``sites`` (in order); a site whose line
-    cannot be read is left out."""
+def code_fixes(sites: Sequence[Site], dtype: str) -> list[CodeFix]:
+    """The rewritten line for each distinct line of ``sites`` (in order), by the guard that
+    rewrote its op; a site whose line cannot be read is left out."""
     fixes, seen = [], set()
     for site in sites:
         if site.file is None or site.line is None or (site.file, site.line) in seen:
@@ -67,7 +67,7 @@ def code_fixes(guard: OpGuard, sites: Sequence[Site], dtype: str) -> list[CodeFi
         seen.add((site.file, site.line))
         before = linecache.getline(site.file, site.line).strip()
         if before:
-            after = rewrite_line(before, guard, dtype)
+            after = rewrite_line(before, guard_named(site.guard), dtype)
             fixes.append(CodeFix(site.file, site.line, before, after))
     return fixes
 

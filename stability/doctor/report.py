@@ -14,11 +14,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from stability.core.files import atomic_writer
-from stability.doctor.code_fix import CodeFix, code_fixes
 from stability.doctor.remedies import command
 from stability.doctor.run import BUDGET_FACTOR, DoctorRun, Trial, median_epoch
-from stability.model.op_guard import guard_named
-from stability.model.remedy import HEADROOM, OP_GUARD, list_remedies
+from stability.model.remedy import HEADROOM, list_remedies
 from stability.report.verdicts import DELAY_FACTOR, DELAYS, FIXES, NOT_APPLICABLE
 
 #: The columns of ``<case>.doctor.csv``.
@@ -43,6 +41,10 @@ DOCTOR_FIELDS = (
     # the user's code it rewrites, ``file:line: before => after``, separated by `` | ``.
     "fix_class",
     "code_fix",
+    # Appended (issue 45): the fresh seeds a fix of the original seeds also trained, and
+    # their failure epochs (empty: no failure within the budget).
+    "fresh_seeds",
+    "fresh_failure_epochs",
 )
 
 
@@ -82,17 +84,19 @@ def trial_row(run: DoctorRun, trial: Trial, case_path: str) -> dict[str, str]:
         "command": command(case_path, trial.case, run.case) if trial.case else "",
         "epoch_time_vs_original": _g(_ratio(epoch_seconds(trial), epoch_seconds(run.original)), 3),
         "fix_class": trial.remedy.fix_class,
-        "code_fix": " | ".join(
-            f"{f.where}: {f.before} => {f.after}" for f in trial_code_fixes(run, trial)
-        ),
+        "code_fix": run.code_fix_text(trial),
+        **_fresh_cells(trial),
     }
 
 
-def trial_code_fixes(run: DoctorRun, trial: Trial) -> list[CodeFix]:
-    """The lines an op guard's trial rewrites, with the dtype's bounds written out."""
-    if trial.remedy.fix_class != OP_GUARD or not trial.sites:
-        return []
-    return code_fixes(guard_named(trial.remedy.name), trial.sites, run.original.case.dtype)
+def _fresh_cells(trial: Trial) -> dict[str, str]:
+    fresh = trial.fresh
+    if fresh is None or fresh.case is None or not fresh.rows:
+        return {"fresh_seeds": "", "fresh_failure_epochs": ""}
+    return {
+        "fresh_seeds": ";".join(str(r["seed"]) for r in fresh.rows),
+        "fresh_failure_epochs": ";".join("" if e is None else str(e) for e in fresh.epochs),
+    }
 
 
 def epoch_seconds(trial: Trial) -> float | None:
@@ -150,7 +154,7 @@ def _as_code(run: DoctorRun, rows: Sequence[dict[str, str]]) -> list[str]:
     command whose runs prove it."""
     lines = []
     for trial in run.trials:
-        fixes = trial_code_fixes(run, trial)
+        fixes = run.code_fixes(trial)
         if trial.verdict(run.finding) != FIXES or not fixes:
             continue
         row = next(r for r in rows if r["remedy"] == trial.remedy.name)
@@ -308,6 +312,7 @@ def _fix(run: DoctorRun, rows: Sequence[dict[str, str]]) -> list[str]:
         )
         lines += ["", f"In your code: {best.remedy.code}.", "", "Its runs, again:", ""]
         lines += ["```bash", row["command"], "```"]
+    lines += _fresh_sentences(rows)
     tried = [r for r in rows if r["verdict"] != NOT_APPLICABLE and r["family"] != "candidate"]
     held = [r for r in tried if r["expected"] == "cannot help" and r["verdict"] != FIXES]
     surprises = [r for r in tried if r["expected"] == "cannot help" and r["verdict"] == FIXES]
@@ -323,6 +328,22 @@ def _fix(run: DoctorRun, rows: Sequence[dict[str, str]]) -> list[str]:
     if misses:
         lines.append(f"Expected to help, but not a fix here: {_names(misses, True)}.")
     return lines
+
+
+def _fresh_sentences(rows: Sequence[dict[str, str]]) -> list[str]:
+    """Which fixes of the original seeds held on the fresh seeds, and which did not."""
+    confirmed = [r for r in rows if r["fresh_seeds"]]
+    if not confirmed:
+        return []
+    seeds = ", ".join(confirmed[0]["fresh_seeds"].split(";"))
+    held = [r for r in confirmed if not r["fresh_failure_epochs"].replace(";", "")]
+    failed = [r for r in confirmed if r not in held]
+    lines = ["", f"Every fix of the original seeds was retrained on fresh seeds ({seeds}):"]
+    if held:
+        lines.append(f"{_names(held)} held on them too.")
+    if failed:
+        lines.append(f"{_names(failed, True)} failed on at least one of them.")
+    return ["", " ".join(lines[1:])]
 
 
 #: The comments around the rendered table in docs/doctor.md (``with_remedy_table``).

@@ -12,6 +12,13 @@ registered remedy (``stability.model.remedies``) and judge each by the written r
    headroom symptom: and none keeps the warning); ``delays`` when the median failure epoch
    (a run without one counts as beyond the budget) is at least ``DELAY_FACTOR`` times the
    original's; else ``does not help``. A remedy that cannot apply is ``not applicable``.
+4. **Ops that fail in turn** (``chain``): an op guard whose runs fail at another site (the
+   same op in the next layer, or another op) gets a follow-up trial, the variant with that
+   site guarded too, up to ``MAX_GUARDS`` guards; each is proved by its own retraining.
+5. **Beyond the seeds** (``confirm``): every remedy that fixes the original seeds trains
+   ``FRESH_SEEDS`` fresh seeds too (other initial weights and batch orders; the seeds after
+   the largest asked for). It ``fixes`` only if they do not fail either; else its verdict
+   over all its runs is ``delays`` by the rule above, or ``holds on these seeds``.
 
 Each remedy's runs are an ordinary case in the doctor's folder (``<case>__<remedy>.csv`` and
 its store), so ``--resume``, ``--workers`` and Ray work as for ``run``.
@@ -30,15 +37,25 @@ from typing import TYPE_CHECKING
 from stability.core.errors import RemedyError, StabilityError
 from stability.core.failures import Cause, read_cause
 from stability.data import Dataset
+from stability.doctor.code_fix import CodeFix, code_fixes
 from stability.doctor.remedies import candidate, case_for
 from stability.model.op_guard import Site, model_sites
 from stability.model.recipe import Recipe
-from stability.model.remedy import DIVERGENCE, HEADROOM, OP_GUARD, Remedy, list_remedies
+from stability.model.remedy import (
+    DIVERGENCE,
+    HEADROOM,
+    OP_GUARD,
+    REMEDY_MARK,
+    Remedy,
+    list_remedies,
+    remedied_name,
+)
 from stability.model.variants import get_variant
 from stability.report.verdicts import (
     DELAYS,
     DOES_NOT_HELP,
     FIXES,
+    HOLDS_ON_THESE_SEEDS,
     NOT_APPLICABLE,
     delays,
 )
@@ -61,6 +78,14 @@ if TYPE_CHECKING:
 
 #: The rerun budget is at least this many times the latest original failure epoch.
 BUDGET_FACTOR = 3
+
+#: The most op guards a chain of repairs puts in one variant.
+MAX_GUARDS = 3
+
+#: How many fresh seeds a remedy that fixes the original seeds must also survive.
+FRESH_SEEDS = 2
+#: What a trial's fresh seeds' case is called after its own.
+FRESH_MARK = "__fresh"
 
 #: The variant as it is: the trial whose runs the failure is read from.
 ORIGINAL = Remedy("original", "original", "the variant as it is", "")
@@ -187,6 +212,10 @@ class Trial:
     #: For an op guard: the ops it rewrote when the remedied variant was checked, each with
     #: the user's line that built it (``stability.model.op_guard.Site``).
     sites: list[Site] = field(default_factory=list)
+    #: The runs on fresh seeds (``confirm``), once trained: only a fix has them.
+    fresh: Trial | None = None
+    #: Whether ``follow_ups`` has looked at this trial's failure already.
+    followed: bool = False
 
     @property
     def epochs(self) -> list[int | None]:
@@ -195,11 +224,24 @@ class Trial:
     def verdict(self, finding: Finding) -> str:
         if self.case is None or not self.rows:
             return NOT_APPLICABLE
-        jit = self.case.jit_compile
-        warned = (
-            [has_headroom_warning(r, jit) for r in self.rows] if finding.symptom == HEADROOM else []
+        found = self._verdict(finding, self.rows)
+        if found != FIXES or self.fresh is None or not self.fresh.rows:
+            return found
+        every = [*self.rows, *self.fresh.rows]
+        if self._verdict(finding, every) == FIXES:
+            return FIXES
+        epochs = [failure_epoch(row) for row in every]
+        return (
+            DELAYS
+            if delays(median_epoch(epochs), median_epoch(finding.epochs))
+            else (HOLDS_ON_THESE_SEEDS)
         )
-        return verdict(finding.epochs, self.epochs, warned)
+
+    def _verdict(self, finding: Finding, rows: Sequence[Row]) -> str:
+        jit = self.case.jit_compile
+        headroom = finding.symptom == HEADROOM
+        warned = [has_headroom_warning(r, jit) for r in rows] if headroom else []
+        return verdict(finding.epochs, [failure_epoch(r) for r in rows], warned)
 
     def final_mae(self) -> float | None:
         """The median final MAE of the runs that have one."""
@@ -226,6 +268,18 @@ class DoctorRun:
     def recommended(self) -> Trial | None:
         fixes = self.fixes()
         return fixes[0] if fixes else None
+
+    def code_fixes(self, trial: Trial) -> list[CodeFix]:
+        """The lines of the user's code an op guard's trial rewrites, before and after, with
+        the case dtype's bounds written out; none for another remedy."""
+        if trial.remedy.fix_class != OP_GUARD or not trial.sites:
+            return []
+        return code_fixes(trial.sites, self.original.case.dtype)
+
+    def code_fix_text(self, trial: Trial | None) -> str:
+        """``file:line: before => after`` for each line ``code_fixes`` gives, `` | ``-joined."""
+        fixes = self.code_fixes(trial) if trial is not None else []
+        return " | ".join(f"{f.where}: {f.before} => {f.after}" for f in fixes)
 
     def original_best_mae(self) -> float | None:
         """The median over the original runs of their best MAE before any failure."""
@@ -410,6 +464,110 @@ def _longest_first(configs: list) -> list:
     return sorted(configs, key=lambda c: c[2].dtype != "float64")
 
 
+def _first_failing(trial: Trial) -> Row | None:
+    failing = [(e, i) for i, e in enumerate(trial.epochs) if e is not None]
+    return trial.rows[min(failing)[1]] if failing else None
+
+
+def follow_ups(run: DoctorRun) -> list[Trial]:
+    """For every op guard trial (or chain) whose runs failed at a site a guard can treat
+    and that it does not guard yet, the trial with that site guarded too, checked as
+    ``plan`` checks a remedy; not yet trained."""
+    made = []
+    for trial in [t for t in run.trials if t.remedy.fix_class == OP_GUARD and t.case]:
+        row = _first_failing(trial)
+        variant = trial.case.variants[0]
+        if row is None or trial.followed or variant.count(REMEDY_MARK) >= MAX_GUARDS:
+            continue
+        trial.followed = True
+        layer = str(row.get("first_nan_layer") or "").strip() or None
+        ops = failing_ops(str(row.get("first_nan_op") or ""))
+        for remedy in [r for r in list_remedies() if r.fix_class == OP_GUARD]:
+            step = remedied_name("", remedy.name, layer if remedy.takes_layer else None)
+            if step.removeprefix(REMEDY_MARK) in variant.split(REMEDY_MARK)[1:]:
+                continue  # that site is guarded already, and failed again
+            made += _follow_up(run, trial, remedy, step, ops)
+    run.trials += made
+    return made
+
+
+def _follow_up(run: DoctorRun, trial: Trial, remedy: Remedy, step: str, ops: tuple[str, ...]):
+    """``trial``'s variant with ``step`` (``+guard@layer``) added, as a trial: none when the
+    guard does not apply there."""
+    name = f"{trial.remedy.name}{step}"
+    case = replace(
+        trial.case,
+        name=f"{run.case.name}__{name.replace(':', '_').replace('@', '_at_')}",
+        variants=(trial.case.variants[0] + step,),
+    )
+    try:
+        target = _check_applies(remedy, trial.case, case, ops)
+    except StabilityError:
+        return []
+    label = f"{trial.remedy.label}, then {remedy.label} in {step.partition('@')[2] or 'the model'}"
+    chained = replace(remedy, name=name, label=label)
+    return [Trial(chained, case, trial.folder, sites=model_sites(target.recipe().model))]
+
+
+def chain(
+    runs: Sequence[DoctorRun],
+    progress: bool,
+    resume: bool,
+    overwrite: bool,
+    workers: int,
+    cluster: RayCluster | None,
+    say: Callable[[str], None],
+) -> None:
+    """Repair ops that fail in turn (``follow_ups``), one retraining per round."""
+    for _ in range(MAX_GUARDS - 1):
+        made = [t for run in runs for t in follow_ups(run)]
+        if not made:
+            return
+        say(f"guarding the next failing op: {len(made)} chained trials")
+        train_trials(made, progress, resume, overwrite, workers, cluster, "chained", tolerate=True)
+
+
+def fresh_seeds(seeds: Sequence[int]) -> tuple[int, ...]:
+    """The ``FRESH_SEEDS`` seeds after the largest of ``seeds``."""
+    top = max(seeds)
+    return tuple(range(top + 1, top + 1 + FRESH_SEEDS))
+
+
+def confirmations(runs: Sequence[DoctorRun]) -> list[Trial]:
+    """For every trial that fixes the original seeds, its fresh seeds' trial (attached to
+    it as ``fresh``), not yet trained."""
+    made = []
+    for run in runs:
+        for trial in run.trials:
+            if trial.case is None or trial.verdict(run.finding) != FIXES:
+                continue
+            case = replace(
+                trial.case,
+                name=trial.case.name + FRESH_MARK,
+                seeds=fresh_seeds(trial.case.seeds),
+            )
+            trial.fresh = Trial(trial.remedy, case, trial.folder)
+            made.append(trial.fresh)
+    return made
+
+
+def confirm(
+    runs: Sequence[DoctorRun],
+    progress: bool,
+    resume: bool,
+    overwrite: bool,
+    workers: int,
+    cluster: RayCluster | None,
+    say: Callable[[str], None],
+) -> None:
+    """Train every fix's fresh seeds (``confirmations``), so its verdict covers them."""
+    fresh = confirmations(runs)
+    if fresh:
+        seeds = ", ".join(map(str, fresh[0].case.seeds))
+        say(f"confirming {len(fresh)} fixes on fresh seeds ({seeds} for the first)")
+        train_trials(fresh, progress, resume, overwrite, workers, cluster, "fresh", tolerate=True)
+
+
 def begin(case: Case, variant: str, out: Path, seeds: Sequence[int] | None = None) -> DoctorRun:
     """A doctor of ``variant`` on ``case`` whose runs go to ``out``: its original trial,
     checked (built on the data), not yet trained."""
@@ -458,6 +616,8 @@ def doctor(
         train_trials(
             run.trials, progress, resume, overwrite, workers, cluster, "remedies", tolerate=True
         )
+        chain([run], progress, resume, overwrite, workers, cluster, say)
+        confirm([run], progress, resume, overwrite, workers, cluster, say)
     return run
 
 
@@ -480,4 +640,6 @@ def doctor_many(
     trials = [t for r in runs for t in r.trials]
     say(f"rerunning {sum(t.case is not None for t in trials)} remedies")
     train_trials(trials, progress, resume, overwrite, workers, None, "remedies", tolerate=True)
+    chain(runs, progress, resume, overwrite, workers, None, say)
+    confirm(runs, progress, resume, overwrite, workers, None, say)
     return runs

@@ -62,8 +62,10 @@ class OpGuard:
 
 @dataclass(frozen=True)
 class Site:
-    """An op a guard rewrote: its type and name, and the user's line that built it."""
+    """An op a guard rewrote: the guard, the op's type and name, and the user's line that
+    built it."""
 
+    guard: str
     op_type: str
     op_name: str
     file: str | None
@@ -373,7 +375,8 @@ def guard_layer(layer: keras.Layer, guard: OpGuard) -> None:
         # recorded, ``flush`` records them again as the identity of the guarded values.
         pending.append((returned, new))
         file, line = user_frame()
-        found.append(Site(op_type, str(where.get("op_name") or op_type), file, line))
+        name = str(where.get("op_name") or op_type)
+        found.append(Site(guard.name, op_type, name, file, line))
         return returned
 
     def flush() -> None:

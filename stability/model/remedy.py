@@ -219,26 +219,37 @@ def remedied_name(variant: str, remedy: str, layer: str | None = None) -> str:
 
 
 def remedied_variant(name: str, lookup: Callable[[str], Variant]) -> Variant:
-    """The variant ``base+remedy[@layer]``: ``base`` (found by ``lookup``, the registry's)
-    built as registered, then the remedy applied once its model is built
-    (``Variant.adjust``)."""
-    base_name, _, spec = name.partition(REMEDY_MARK)
-    remedy_name, _, layer = spec.partition(LAYER_MARK)
-    if not base_name or not remedy_name or REMEDY_MARK in spec:
+    """The variant ``base+remedy[@layer][+remedy[@layer]...]``: ``base`` (found by
+    ``lookup``, the registry's) built as registered, then each remedy applied in turn once
+    its model is built (``Variant.adjust``). A chain is how the doctor repairs ops that
+    fail one after another (an op guard in each failing layer)."""
+    base_name, *specs = name.split(REMEDY_MARK)
+    if not base_name or not specs or not all(specs):
         raise StabilityError(
-            f"variant {name!r}: a remedied variant is VARIANT{REMEDY_MARK}REMEDY, one remedy, "
-            f"of: {', '.join(list_model_remedies())}"
+            f"variant {name!r}: a remedied variant is VARIANT{REMEDY_MARK}REMEDY[@LAYER], "
+            f"remedies joined by {REMEDY_MARK!r}, of: {', '.join(list_model_remedies())}"
         )
+    if len(set(specs)) != len(specs):
+        raise StabilityError(f"variant {name!r}: names one remedy twice in the same place")
     base = lookup(base_name)
-    remedy = get_model_remedy(remedy_name)
-    if layer and not remedy.takes_layer:
-        raise StabilityError(f"variant {name!r}: remedy {remedy_name!r} takes no {LAYER_MARK}layer")
-    change = remedy.model
-    assert change is not None  # a model remedy's, by get_model_remedy
+    changes = [_change(name, spec) for spec in specs]
 
     def adjust(recipe: Recipe, ctx: BuildContext) -> Recipe:
         changed = base.adjust(recipe, ctx) if base.adjust is not None else recipe
-        return change(changed, ctx, layer or None)
+        for change, layer in changes:
+            changed = change(changed, ctx, layer)
+        return changed
 
-    description = f"{base.description}; doctor's remedy: {remedy.description}"
+    remedies = "; ".join(get_model_remedy(s.partition(LAYER_MARK)[0]).description for s in specs)
+    description = f"{base.description}; doctor's remedy: {remedies}"
     return Variant(name, description, base.build, adjust)
+
+
+def _change(name: str, spec: str) -> tuple[RecipeChange, str | None]:
+    """One ``remedy[@layer]`` of a remedied variant's name: its change and layer."""
+    remedy_name, _, layer = spec.partition(LAYER_MARK)
+    remedy = get_model_remedy(remedy_name)
+    if layer and not remedy.takes_layer:
+        raise StabilityError(f"variant {name!r}: remedy {remedy_name!r} takes no {LAYER_MARK}layer")
+    assert remedy.model is not None  # a model remedy's, by get_model_remedy
+    return remedy.model, layer or None

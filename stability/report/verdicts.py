@@ -13,8 +13,11 @@ from __future__ import annotations
 DELAY_FACTOR = 1.5
 
 FIXES, DELAYS, DOES_NOT_HELP, NOT_APPLICABLE = "fixes", "delays", "does not help", "not applicable"
+#: A remedy that avoids the failure on the seeds it was found on, but not on fresh seeds
+#: (other initial weights and batch orders), and not later enough there to delay it.
+HOLDS_ON_THESE_SEEDS = "holds on these seeds"
 #: Every verdict of a remedy, best first.
-VERDICTS = (FIXES, DELAYS, DOES_NOT_HELP, NOT_APPLICABLE)
+VERDICTS = (FIXES, HOLDS_ON_THESE_SEEDS, DELAYS, DOES_NOT_HELP, NOT_APPLICABLE)
 
 
 def delays(median: float, reference: float, factor: float = DELAY_FACTOR) -> bool:

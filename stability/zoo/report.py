@@ -12,6 +12,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from stability.core.files import atomic_writer
+from stability.model.op_guard import guard_named
+from stability.model.remedy import OP_GUARD, Remedy
 from stability.report.verdicts import NOT_APPLICABLE
 from stability.zoo.run import ZooEntry
 
@@ -63,6 +65,13 @@ ZOO_FIELDS = (
     "check_op",
     "check_seconds_own",
     "check_seconds_generated",
+    # Appended (issue 45): the class of the maintainers' fix, the class of the doctor's
+    # recommended fix, whether that fix is right (the same class, or a guard at the bug's
+    # op), and for an op guard the line of the bug's code it rewrites.
+    "fix_class",
+    "doctor_fix_class",
+    "fix_right",
+    "doctor_fix_code",
 )
 
 #: The check's goals: detected on own data, from generated graphs alone, and the median
@@ -88,6 +97,10 @@ TOOLS = (
 )
 #: The issue's goals for the harness: score -> least rate.
 GOALS = {"detected": 0.95, "stage_right": 0.90, "cause_right": 0.80, "fixed": 0.70}
+#: The doctor's goals: fixed among the bugs that fail in training (not silent), and a fix
+#: of the maintainers' class (or a guard at the bug's op) over the whole zoo.
+FIXED_FAILING_GOAL = 22 / 24
+FIX_RIGHT_GOAL = 0.75
 
 
 def _bool(value: bool) -> str:
@@ -142,6 +155,10 @@ def zoo_row(entry: ZooEntry) -> dict[str, str]:
         "failure_epoch": str(min((e for e in finding.epochs if e is not None), default="")),
         "silent": _bool(bug.silent),
         "doctor_fix": best.remedy.name if best else "",
+        "fix_class": bug.fix_class,
+        "doctor_fix_class": best.remedy.fix_class if best else "",
+        "fix_right": _bool(best is not None and fix_right(best.remedy, bug)),
+        "doctor_fix_code": doctor.code_fix_text(best),
         "doctor_verdicts": ";".join(v for v in verdicts if not v.endswith(NOT_APPLICABLE)),
         "url": bug.url,
     }
@@ -152,6 +169,17 @@ def zoo_row(entry: ZooEntry) -> dict[str, str]:
     row["nan_sentinel_agrees"] = _bool(sentinel_agrees(row))
     row.update(check_cells(entry.check, bug))
     return row
+
+
+def fix_right(remedy: Remedy, bug) -> bool:
+    """Whether the doctor's fix is of the maintainers' class, or a guard at the bug's op."""
+    if remedy.fix_class == bug.fix_class:
+        return True
+    if remedy.fix_class != OP_GUARD:
+        return False
+    # A chain of guards (``guard_pow+guard_pow@layer``) is right when one guards the bug's op.
+    guards = [part.partition("@")[0] for part in remedy.name.split("+")]
+    return any(_op_matches(bug.op, op) for g in guards for op in guard_named(g).op_types)
 
 
 def check_cells(check: dict, bug) -> dict[str, str]:
@@ -275,6 +303,7 @@ def zoo_markdown(rows: Sequence[dict[str, str]], command: str) -> str:
         lines.append(
             f"- {kind.replace('_', ' ')}: {rate:.0%} against the goal {goal:.0%}, {met}{named}."
         )
+    lines += _doctor_goals(rows)
     lines += ["", "## What each tool misses", ""]
     for name, _, _kinds in TOOLS:
         missed = board[name]["detected"][1]
@@ -307,8 +336,57 @@ def zoo_markdown(rows: Sequence[dict[str, str]], command: str) -> str:
             f"{r['expected_cause']} / `{r['expected_op']}` | {harness_cell} | "
             f"{r['doctor_fix'] or 'none'} | " + " | ".join(tools) + " |"
         )
+    lines += ["", "## The doctor's fix against the maintainers'", "", *_fix_section(rows)]
     lines += ["", "## Cost per step", "", *_cost(rows), ""]
     return "\n".join(lines)
+
+
+def _rate_line(label: str, right: Sequence[str], among: Sequence[str], goal: float) -> str:
+    rate = len(right) / len(among) if among else 0.0
+    met = "met" if rate >= goal else "**missed**"
+    missed = [name for name in among if name not in right]
+    named = f"; missed: {', '.join(f'`{m}`' for m in missed)}" if missed else ""
+    return (
+        f"- {label}: {len(right)}/{len(among)} ({rate:.0%}) against the goal {goal:.0%}, "
+        f"{met}{named}."
+    )
+
+
+def _doctor_goals(rows: Sequence[dict[str, str]]) -> list[str]:
+    """The doctor's two goals: fixed among the bugs that fail in training, and a fix of
+    the maintainers' class over the whole zoo."""
+    failing = [r["bug"] for r in rows if r["silent"] != "True"]
+    fixed = [r["bug"] for r in rows if r["silent"] != "True" and r["fixed"] == "True"]
+    right = [r["bug"] for r in rows if r.get("fix_right") == "True"]
+    return [
+        _rate_line(
+            "fixed among the bugs that fail in training", fixed, failing, FIXED_FAILING_GOAL
+        ),
+        _rate_line(
+            "fix right (the maintainers' class of fix, or a guard at the bug's op), over the "
+            "whole zoo",
+            right,
+            [r["bug"] for r in rows],
+            FIX_RIGHT_GOAL,
+        ),
+    ]
+
+
+def _fix_section(rows: Sequence[dict[str, str]]) -> list[str]:
+    """Each bug's maintainers' class of fix beside the doctor's, and the line it rewrites."""
+    lines = [
+        "| bug | maintainers' fix | doctor's fix | right | the fix as code |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for r in rows:
+        doctor = f"`{r['doctor_fix']}` ({r['doctor_fix_class']})" if r["doctor_fix"] else "none"
+        code = r.get("doctor_fix_code") or ""
+        shown = f"`{code.replace('|', '/')}`" if code else ""
+        lines.append(
+            f"| `{r['bug']}` | {r.get('fix_class', '')} | {doctor} | "
+            f"{'yes' if r.get('fix_right') == 'True' else 'no'} | {shown} |"
+        )
+    return lines
 
 
 def _agreement(rows: Sequence[dict[str, str]]) -> str:
