@@ -41,6 +41,9 @@ def builder(name):
     def build(*, seed: int = 0) -> Dataset:
         if name == "empty":
             return Dataset(train=[], val=[])
+        if name == "many_bad":  # graphs 1 and 2 in training, 4 in validation
+            spoilt = [BAD_GRAPHS["nan_edges"], BAD_GRAPHS["nan_target"]]
+            return Dataset(train=[graph(), *spoilt], val=[graph(), BAD_GRAPHS["inf_edges"]])
         return Dataset(train=[graph(), BAD_GRAPHS[name]], val=[graph()])
 
     return build
@@ -49,7 +52,7 @@ def builder(name):
 @pytest.fixture(autouse=True)
 def bad_datasets(monkeypatch, tmp_path):
     monkeypatch.setattr(registry, "_datasets", registry._datasets.copy())
-    for name in [*BAD_GRAPHS, "empty"]:
+    for name in [*BAD_GRAPHS, "empty", "many_bad"]:
         registry._datasets.register(builder(name), name=name)
     monkeypatch.chdir(tmp_path)
     (tmp_path / "broken_plugin.py").write_text("raise RuntimeError('boom')\n")
@@ -207,7 +210,11 @@ def test_bad_input_gets_exactly_one_line_and_exit_2(tmp_path, capsys, files, arg
     code = cli.main(argv)
     err = capsys.readouterr().err
     assert code == 2
-    assert err == f"stability: error: {message.format(tmp=tmp_path)}\n"
+    # The variants known now: a plugin another test in this process loaded (my_gat) is
+    # registered for the rest of the process, as a plugin is in a real one.
+    known = ", ".join(sorted(v.name for v in list_variants()))
+    expected = message.replace(VARIANTS, known).format(tmp=tmp_path)
+    assert err == f"stability: error: {expected}\n"
 
 
 @pytest.mark.parametrize(
@@ -294,3 +301,16 @@ def test_allowed_nonfinite_input_is_recorded_as_input_not_as_a_training_nan(tmp_
     assert cells["NaN in"] == "0/1"
     assert cells["NaN in input"] == "1/1"
     assert cells["where"] == "-"
+
+
+def test_the_doctor_names_every_graph_of_an_input_failure(tmp_path, capsys):
+    write_files(tmp_path, {"c.toml": case_on("many_bad", "allow_nonfinite_input = true")})
+    code = cli.main(["doctor", "c.toml", "--variant", "raw_e", "--out", "out", "--no-progress"])
+    assert code == 1, capsys.readouterr().err
+    assert "holds NaN or Inf in 3 graphs" in capsys.readouterr().err
+    report = (tmp_path / "out" / "c.doctor.md").read_text()
+    assert "The first failure is in the input data, before any training: graph 1's edges" in (
+        report
+    )
+    assert "3 of the 5 graphs do: graph 1 (edges), graph 2 (target), graph 4 (edges)." in report
+    assert "nothing to doctor" not in report

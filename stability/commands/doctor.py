@@ -85,6 +85,12 @@ def doctor_command(args: argparse.Namespace) -> int:
     if result.finding.symptom is None:
         print(f"{args.variant}: no failure to doctor", file=sys.stderr)
         return EXIT_FIXED
+    if result.bad_input:
+        graphs = len(result.bad_input)
+        print(
+            f"{args.variant}: the input data holds NaN or Inf in {graphs} graphs", file=sys.stderr
+        )
+        return EXIT_NOT_FIXED
     if best is None:
         print(f"{args.variant}: no remedy fixed the {result.finding.symptom}", file=sys.stderr)
         return EXIT_NOT_FIXED

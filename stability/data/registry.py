@@ -97,6 +97,16 @@ class Dataset:
             self._set_statistics()
         self._set_counts(graphs)
 
+    def nonfinite_graphs(self) -> list[tuple[str, str]]:
+        """``(graph label, field)`` of every graph (training, then validation) that holds
+        NaN or +-Inf, the field being the first of nodes, edges and target that does."""
+        found = []
+        for index, graph in enumerate(self.train + self.val):
+            bad = nonfinite_field(graph)
+            if bad is not None:
+                found.append((graph_label(graph, index), bad))
+        return found
+
     def _set_statistics(self) -> None:
         targets = np.array([g.target for g in self.train])
         edges = np.concatenate([g.edges.ravel() for g in self.train])

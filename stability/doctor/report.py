@@ -192,10 +192,32 @@ def _failure(run: DoctorRun) -> list[str]:
     if finding.symptom is None:
         lines += ["", "No run failed, diverged or came near exp's limits: nothing to doctor."]
     elif finding.symptom == "input":
-        lines += ["", "The data holds a NaN or Inf: no remedy trains on it; clean the data."]
+        lines += ["", *_bad_input(run)]
     else:
         lines += ["", f"Symptom: **{finding.symptom}**. {_budget_sentence(run)}"]
     return lines
+
+
+#: How many of the graphs holding NaN or Inf the report names one by one.
+_NAMED_GRAPHS = 20
+
+
+def _bad_input(run: DoctorRun) -> list[str]:
+    """The input failure: the first graph and field, and every graph that holds one."""
+    bad = run.bad_input
+    if not bad:
+        return ["The first failure is in the input data: it holds NaN or Inf."]
+    (graph, field), shown = bad[0], bad[:_NAMED_GRAPHS]
+    listed = ", ".join(f"{g} ({f})" for g, f in shown)
+    more = f", and {len(bad) - len(shown)} more" if len(bad) > len(shown) else ""
+    return [
+        f"The first failure is in the input data, before any training: {graph}'s {field} "
+        f"hold NaN or Inf. {len(bad)} of the {run.num_graphs} graphs do: {listed}{more}.",
+        "",
+        "No remedy can train on such data, so none was tried: clean or drop these graphs "
+        "(or set `allow_nonfinite_input = false`, the default, so that `run` refuses them "
+        "with the first one named).",
+    ]
 
 
 def _run_outcome(row: dict, epoch: int | None) -> str:

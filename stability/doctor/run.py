@@ -179,6 +179,9 @@ def find(rows: Sequence[Row], jit_compile: bool = False) -> Finding:
     """The ``Finding`` of the original runs' rows (of a case with ``jit_compile`` or not)."""
     epochs = tuple(failure_epoch(row) for row in rows)
     failing = [(e, i) for i, e in enumerate(epochs) if e is not None]
+    spoilt = [row for row in rows if read_cause(row) is Cause.INPUT]
+    if spoilt:  # the data holds NaN or Inf: such a run never trained, so it has no epoch
+        return Finding(Cause.INPUT.value, spoilt[0], epochs, tuple(rows))
     if failing:
         first = rows[min(failing)[1]]
         cause = read_cause(first)
@@ -259,6 +262,10 @@ class DoctorRun:
     finding: Finding
     budget: int = 0
     trials: list[Trial] = field(default_factory=list)
+    #: For a failure in the input data: ``(graph, field)`` of every graph holding NaN or
+    #: +-Inf, and how many graphs the data has.
+    bad_input: list[tuple[str, str]] = field(default_factory=list)
+    num_graphs: int = 0
 
     def fixes(self) -> list[Trial]:
         """The trials that fix the failure, cheapest (lowest median final MAE) first."""
@@ -581,7 +588,12 @@ def conclude(run: DoctorRun, candidates: Sequence[str] = ()) -> None:
     """Read the trained original runs: the finding, and, for a failure a remedy can treat,
     the budget and every remedy's trial."""
     run.finding = find(run.original.rows, run.case.jit_compile)
-    if run.finding.symptom is None or run.finding.symptom == Cause.INPUT.value:
+    if run.finding.symptom == Cause.INPUT.value:
+        datasets = case_datasets(run.original.case)
+        run.bad_input = [bad for data in datasets for bad in data.nonfinite_graphs()]
+        run.num_graphs = sum(len(d.train) + len(d.val) for d in datasets)
+        return
+    if run.finding.symptom is None:
         return
     run.budget = remedy_budget(run.finding, run.case.epochs)
     run.trials = plan(run, candidates)
