@@ -29,9 +29,11 @@ from stability.doctor.run import (
     ORIGINAL,
     DoctorRun,
     Trial,
+    confirmations,
     diagnosed_case,
     failure_epoch,
     find,
+    fresh_seeds,
     has_headroom_warning,
     median_epoch,
     plan,
@@ -40,7 +42,13 @@ from stability.doctor.run import (
 )
 from stability.model.remedy import DIVERGENCE, HEADROOM, SYMPTOMS, get_remedy, list_remedies
 from stability.model.variants import get_variant, register_variant
-from stability.report.verdicts import DELAYS, DOES_NOT_HELP, FIXES, NOT_APPLICABLE
+from stability.report.verdicts import (
+    DELAYS,
+    DOES_NOT_HELP,
+    FIXES,
+    HOLDS_ON_THESE_SEEDS,
+    NOT_APPLICABLE,
+)
 from stability.sweep.cases import Case, parse_case
 from stability.sweep.runner import case_datasets, execute_runs, run_configs
 
@@ -832,3 +840,68 @@ def test_bad_doctor_input_is_one_line_and_exit_2(tmp_path, flags, message):
     done = run_cli("doctor", case, *flags, "--out", str(tmp_path / "out"), cwd=tmp_path)
     assert message in one_line_error(done)
     assert not (tmp_path / "out" / "small_gat.doctor").exists()
+
+
+# --- beyond the seeds, and ops that fail in turn (issue 45) ---------------------------------
+
+
+def with_fresh(run, name, fresh_rows):
+    """Attach planted fresh-seed runs to the trial of ``name``."""
+    trial = next(t for t in run.trials if t.remedy.name == name)
+    trial.fresh = Trial(trial.remedy, trial.case, rows=fresh_rows)
+    return trial
+
+
+def test_a_fix_must_hold_on_the_fresh_seeds_too():
+    run = planted_run({"float64": fine(1.0, 1.0, 1.0), "clip": fine(1.0, 1.0, 1.0)})
+    # Held on the fresh seeds: still a fix.
+    assert with_fresh(run, "float64", fine(1.0, 1.0)).verdict(run.finding) == FIXES
+    # A fresh seed fails at epoch 2 (the original median): over all five runs the median
+    # is beyond the budget, so it delays; failing on every fresh seed early, it only holds
+    # on the seeds it was found on.
+    clip = with_fresh(run, "clip", failing(2))
+    assert clip.verdict(run.finding) == DELAYS
+    clip.fresh.rows = [*failing(1, 1), *failing(1, 1, 1, 1)]
+    assert clip.verdict(run.finding) == HOLDS_ON_THESE_SEEDS
+    rows, lines = report(run)
+    assert rows["float64"]["fresh_seeds"] == "0;1"
+    assert rows["clip"]["fresh_failure_epochs"] == "1;1;1;1;1;1"
+    assert "`float64` held on them too" in "\n".join(lines)
+    assert "`clip` (holds on these seeds) failed on at least one of them" in "\n".join(lines)
+
+
+def test_the_fresh_seeds_follow_the_largest_one_asked_for():
+    assert fresh_seeds([0]) == (1, 2)
+    assert fresh_seeds([3, 0, 7]) == (8, 9)
+
+
+def test_only_a_fix_of_the_original_seeds_is_confirmed_on_fresh_seeds():
+    run = planted_run({"float64": fine(1.0, 1.0, 1.0), "clip": failing(1, 1, 1)})
+    made = confirmations([run])
+    assert [t.remedy.name for t in made] == ["float64"]
+    assert made[0].case.seeds == (3, 4) and made[0].case.name.endswith("__fresh")
+
+
+def test_a_guard_whose_runs_fail_at_another_site_gets_that_site_guarded_too(tmp_path):
+    from stability.doctor.run import begin, conclude, follow_ups
+    from stability.zoo.run import BUGS, load_bug
+
+    entry = load_bug(BUGS / "b_gcn_negative_weight.toml")
+    run = begin(entry.case, entry.bug.variant, tmp_path)
+    pow_in = {**failed(1, layer="gcn_layer"), "first_nan_op": "Pow (Pow)"}
+    run.original.rows = [pow_in]
+    conclude(run)
+    guard = next(t for t in run.trials if t.remedy.name == "guard_pow")
+    assert guard.case is not None and {s.op_type for s in guard.sites} == {"Pow"}
+    guard.rows = [{**pow_in, "first_nan_layer": "gcn_layer_1"}]  # the next layer's Pow fails
+    made = follow_ups(run)
+    assert [t.case.variants[0] for t in made] == [
+        "zoo_b_gcn_negative_weight+guard_pow@gcn_layer+guard_pow@gcn_layer_1"
+    ]
+    assert made[0].remedy.name == "guard_pow+guard_pow@gcn_layer_1"
+    # The chained variant builds, and both of its guards rewrite a Pow.
+    assert {s.guard for s in made[0].sites} == {"guard_pow"} and len(made[0].sites) >= 2
+    assert follow_ups(run) == []  # each trial's failure is followed once
+    # A chain that fails again at a site it guards gets no follow-up.
+    made[0].rows = [{**pow_in, "first_nan_layer": "gcn_layer_1"}]
+    assert follow_ups(run) == []
