@@ -269,7 +269,7 @@ def line(lines, start):
 NO_SOFTMAX = "no layer of the model uses a registered softmax"
 
 
-def test_the_report_recommends_the_fix_with_the_lowest_median_mae_and_names_the_surprises():
+def test_the_report_recommends_the_most_local_fix_and_names_the_surprises():
     run = planted_run(
         {
             "clip": fine(3.0, 3.0, 3.0),  # the table says it cannot help: it fixed
@@ -290,9 +290,13 @@ def test_the_report_recommends_the_fix_with_the_lowest_median_mae_and_names_the_
     assert rows["stable_softmax"]["verdict"] == NOT_APPLICABLE
     assert rows["stable_softmax"]["runs"] == "0"
 
-    assert "**`squashed_e`**" in line(lines, "Recommended:")
-    assert "the lowest final MAE (1.1" in line(lines, "Recommended:")
-    assert "`float64`" in line(lines, "Recommended:")  # among the other fixes
+    # The original runs never validated, so every fix keeps the accuracy: the most local
+    # change wins, an optimizer setting before the data and the dtype, whatever its MAE.
+    recommended = line(lines, "Recommended:")
+    assert "**`clip`**" in recommended and "a fix of class optimizer setting" in recommended
+    assert recommended.endswith(
+        "The other fixes, in that order: `squashed_e` (data cleaning), `float64` (dtype)."
+    )
     against = line(lines, "Against the table,")
     assert "`clip`" in against and "float64" not in against and "squashed_e" not in against
     assert line(lines, "Expected to help, but not a fix here:").endswith(
@@ -303,6 +307,19 @@ def test_the_report_recommends_the_fix_with_the_lowest_median_mae_and_names_the_
     table = [text for text in lines if text.startswith("| `stable_softmax`")]
     assert table and f"not applicable: {NO_SOFTMAX}" in table[0]
     assert "Symptom: **forward overflow**" in "\n".join(lines)
+
+
+def test_a_fix_that_loses_the_accuracy_the_original_reached_comes_after_one_that_keeps_it():
+    run = planted_run({"clip": fine(3.0, 3.0, 3.0), "squashed_e": fine(1.0, 1.1, 9.0)})
+    run.original.rows = [{**row, "best_mae": "2.0"} for row in run.original.rows]
+    # clip is more local, but ends above the original's best MAE (2.0); squashed_e keeps it.
+    assert [t.remedy.name for t in run.fixes()] == ["squashed_e", "clip"]
+    _, lines = report(run)
+    assert "of the 1 fixes that end at or below the original's best MAE" in line(
+        lines, "Recommended:"
+    )
+    run.original.rows = [{**row, "best_mae": "0.5"} for row in run.original.rows]
+    assert [t.remedy.name for t in run.fixes()] == ["clip", "squashed_e"]  # neither keeps it
 
 
 def test_the_report_s_sentences_move_with_the_rows():
@@ -318,7 +335,7 @@ def test_the_report_s_sentences_move_with_the_rows():
     )
     rows, lines = report(run)
     assert rows["lower_lr"]["verdict"] == DELAYS and rows["clip"]["verdict"] == DOES_NOT_HELP
-    assert "**`float64`**" in line(lines, "Recommended:")
+    assert "**`kernel_constraint`**" in line(lines, "Recommended:")  # the most local fix
     assert line(lines, "Against the table,") == ""
     assert line(lines, "Expected to help, but not a fix here:") == ""
     held = line(lines, "As the table says,")

@@ -65,26 +65,34 @@ def code_fixes(sites: Sequence[Site], dtype: str) -> list[CodeFix]:
         if site.file is None or site.line is None or (site.file, site.line) in seen:
             continue
         seen.add((site.file, site.line))
-        before = linecache.getline(site.file, site.line).strip()
+        raw = linecache.getline(site.file, site.line).rstrip("\n")
+        before = raw.strip()
         if before:
-            after = rewrite_line(before, guard_named(site.guard), dtype)
+            indent = len(raw) - len(raw.lstrip())
+            span = None
+            if site.col is not None and site.end_col is not None:
+                span = (site.col - indent, site.end_col - indent)
+            after = rewrite_line(before, guard_named(site.guard), dtype, span)
             fixes.append(CodeFix(site.file, site.line, before, after))
     return fixes
 
 
-def rewrite_line(line: str, guard: OpGuard, dtype: str) -> str:
-    """``line`` with the first call (or operator) that builds ``guard``'s op rewritten as
-    the guard computes it; the guard's expression alone, as a comment, where the line holds
-    no such call."""
+def rewrite_line(line: str, guard: OpGuard, dtype: str, span: tuple[int, int] | None = None) -> str:
+    """``line`` with the call (or operator) that builds ``guard``'s op rewritten as the
+    guard computes it: the one at the columns ``span`` (where the op was built) when that
+    is such a call, else the innermost; the guard's expression alone, as a comment, where
+    the line holds no such call."""
     constants = bounds(dtype)
-    tree = _parse(line)
-    target = _target(tree, guard) if tree is not None else None
+    tree, shift = _parse(line)
+    if span is not None:
+        span = (span[0] + shift, span[1] + shift)
+    target = _target(tree, guard, span) if tree is not None else None
     if target is None:
         return f"{line}  # guard its {'/'.join(guard.op_types)}: {_label(guard, constants)}"
     call, args = _call_parts(target)
     new = _fill(guard.code(call, args), constants)
-    source = ast.get_source_segment(line, target)
-    return line.replace(source, new, 1) if source else new
+    start, end = target.col_offset - shift, target.end_col_offset - shift
+    return line[:start] + new + line[end:]
 
 
 def _label(guard: OpGuard, constants: dict[str, str]) -> str:
@@ -98,27 +106,39 @@ def _fill(code: str, constants: dict[str, str]) -> str:
     return code
 
 
-def _parse(line: str) -> ast.AST | None:
-    """The line as an expression or statement; a line that opens a block (``if x:``,
-    ``return f(``) is parsed as far as it is whole."""
-    for text in (line, line.rstrip(":") + ": pass", line.removeprefix("return ").rstrip("(,")):
+def _parse(line: str) -> tuple[ast.AST | None, int]:
+    """The line as an expression or statement, and how far its columns moved; a line that
+    opens a block (``if x:``, ``return f(``) is parsed as far as it is whole."""
+    bare = line.removeprefix("return ")
+    tries = (
+        (line, 0),
+        (line.rstrip(":") + ": pass", 0),
+        (bare.rstrip("(,"), len(bare) - len(line)),
+    )
+    for text, shift in tries:
         try:
-            return ast.parse(text)
+            return ast.parse(text), shift
         except SyntaxError:
             continue
-    return None
+    return None, 0
 
 
-def _target(tree: ast.AST, guard: OpGuard) -> ast.AST | None:
-    """The innermost call of one of the guard's names, or operator of its op, in ``tree``."""
+def _target(tree: ast.AST, guard: OpGuard, span: tuple[int, int] | None) -> ast.AST | None:
+    """The call of one of the guard's names, or operator of its op, in ``tree``: the one at
+    ``span`` where there is one, else the innermost call, else the first operator."""
     operators = {_OPERATORS[t] for t in guard.op_types if t in _OPERATORS}
-    found = None
+    calls, binops = [], []
     for node in ast.walk(tree):
         if isinstance(node, ast.Call) and _name(node.func) in guard.calls:
-            found = node
+            calls.append(node)
         elif isinstance(node, ast.BinOp) and type(node.op) in operators:
-            found = found or node
-    return found
+            binops.append(node)
+    for node in [*calls, *binops]:
+        if span is not None and (node.col_offset, node.end_col_offset) == span:
+            return node
+    if calls:
+        return calls[-1]
+    return binops[0] if binops else None
 
 
 def _name(func: ast.AST) -> str:

@@ -325,12 +325,11 @@ def _fix(run: DoctorRun, rows: Sequence[dict[str, str]]) -> list[str]:
         row = next(r for r in rows if r["remedy"] == best.remedy.name)
         ratio = row["mae_vs_original_best"]
         versus = f", {ratio} times the original's best" if ratio else ""
-        others = [r for r in rows if r["verdict"] == FIXES and r["remedy"] != best.remedy.name]
-        others.sort(key=lambda r: float(r["final_mae"] or "inf"))
-        rest = f" The other fixes, by final MAE: {_names(others)}." if others else ""
+        others = [f"`{t.remedy.name}` ({t.remedy.fix_class})" for t in run.fixes()[1:]]
+        rest = f" The other fixes, in that order: {', '.join(others)}." if others else ""
         lines.append(
-            f"Recommended: **`{best.remedy.name}`** ({best.remedy.label}), the fix with the "
-            f"lowest final MAE ({row['final_mae']}{versus}).{rest}"
+            f"Recommended: **`{best.remedy.name}`** ({best.remedy.label}), {_why_best(run, best)} "
+            f"(final MAE {row['final_mae'] or 'none'}{versus}).{rest}"
         )
         lines += ["", f"In your code: {best.remedy.code}.", "", "Its runs, again:", ""]
         lines += ["```bash", row["command"], "```"]
@@ -350,6 +349,21 @@ def _fix(run: DoctorRun, rows: Sequence[dict[str, str]]) -> list[str]:
     if misses:
         lines.append(f"Expected to help, but not a fix here: {_names(misses, True)}.")
     return lines
+
+
+def _why_best(run: DoctorRun, best: Trial) -> str:
+    """Why the doctor recommends ``best`` (``DoctorRun.recommendation``), from the fixes."""
+    fixes = run.fixes()
+    kept = [t for t in fixes if run.keeps_accuracy(t)]
+    if run.original_best_mae() is None:
+        among = "of the fixes"
+    elif run.keeps_accuracy(best):
+        among = f"of the {len(kept)} fixes that end at or below the original's best MAE"
+    else:
+        among = "of the fixes (none ends at or below the original's best MAE)"
+    same = [t for t in fixes if t.remedy.fix_class == best.remedy.fix_class]
+    tie = ", the lowest final MAE of its class" if len(same) > 1 else ""
+    return f"the most local change {among}: a fix of class {best.remedy.fix_class}{tie}"
 
 
 def _fresh_sentences(rows: Sequence[dict[str, str]]) -> list[str]:

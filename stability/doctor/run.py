@@ -79,6 +79,20 @@ if TYPE_CHECKING:
 #: The rerun budget is at least this many times the latest original failure epoch.
 BUDGET_FACTOR = 3
 
+#: The classes of fix from the most local change to the least: a guard changes one op, a
+#: reformulation one layer's formula, an architecture change the model, an optimizer
+#: setting every update, data cleaning what every graph says, and the dtype every op and
+#: the cost of each. The doctor recommends the most local fix, as a maintainer would patch
+#: the failing line before changing the model, the training or the data.
+LOCALITY = (
+    OP_GUARD,
+    "stable reformulation",
+    "architecture change",
+    "optimizer setting",
+    "data cleaning",
+    "dtype",
+)
+
 #: The most op guards a chain of repairs puts in one variant.
 MAX_GUARDS = 3
 
@@ -268,9 +282,27 @@ class DoctorRun:
     num_graphs: int = 0
 
     def fixes(self) -> list[Trial]:
-        """The trials that fix the failure, cheapest (lowest median final MAE) first."""
+        """The trials that fix the failure, the recommended first (``recommendation``)."""
         fixed = [t for t in self.trials if t.verdict(self.finding) == FIXES]
-        return sorted(fixed, key=lambda t: (t.final_mae() is None, t.final_mae() or 0.0))
+        return sorted(fixed, key=self.recommendation)
+
+    def keeps_accuracy(self, trial: Trial) -> bool:
+        """Whether a fix ends at or below the original runs' best MAE before they failed
+        (True when they never validated: there is nothing to compare with)."""
+        best, mae = self.original_best_mae(), trial.final_mae()
+        return best is None or (mae is not None and mae <= best)
+
+    def recommendation(self, trial: Trial) -> tuple:
+        """The order of the fixes: those that keep the accuracy first, then the most local
+        change (``LOCALITY``: the failing op before the whole model, the data or the
+        dtype), then the lowest median final MAE."""
+        mae = trial.final_mae()
+        return (
+            not self.keeps_accuracy(trial),
+            LOCALITY.index(trial.remedy.fix_class),
+            mae is None,
+            mae or 0.0,
+        )
 
     def recommended(self) -> Trial | None:
         fixes = self.fixes()

@@ -70,6 +70,10 @@ class Site:
     op_name: str
     file: str | None
     line: int | None
+    #: The columns of the expression on that line that built the op (Python's own
+    #: position of the frame's instruction), where Python gives them.
+    col: int | None = None
+    end_col: int | None = None
 
 
 def eps(dtype: tf.DType) -> float:
@@ -374,9 +378,8 @@ def guard_layer(layer: keras.Layer, guard: OpGuard) -> None:
         # gradient would be the raw op's: 1 / x at x = 0 for Log); once the raw op is
         # recorded, ``flush`` records them again as the identity of the guarded values.
         pending.append((returned, new))
-        file, line = user_frame()
         name = str(where.get("op_name") or op_type)
-        found.append(Site(guard.name, op_type, name, file, line))
+        found.append(Site(guard.name, op_type, name, *user_frame()))
         return returned
 
     def flush() -> None:
@@ -421,9 +424,9 @@ def _library_roots() -> tuple[str, ...]:
     return tuple(sorted(roots))
 
 
-def user_frame() -> tuple[str | None, int | None]:
-    """The file and line of the innermost frame outside TensorFlow, Keras, the standard
-    library and this module: the user's code that built the op being rewritten."""
+def user_frame() -> tuple[str | None, int | None, int | None, int | None]:
+    """The file, line and columns of the innermost frame outside TensorFlow, Keras, the
+    standard library and this module: the user's code that built the op being rewritten."""
     roots, here = _library_roots(), str(Path(__file__).resolve())
     paths = sysconfig.get_paths()
     stdlib, installed = paths["stdlib"], (paths["purelib"], paths["platlib"])
@@ -432,5 +435,5 @@ def user_frame() -> tuple[str | None, int | None]:
         in_stdlib = path.startswith(stdlib) and not path.startswith(installed)
         if path == here or in_stdlib or path.startswith(roots) or frame.filename.startswith("<"):
             continue
-        return frame.filename, frame.lineno
-    return None, None
+        return frame.filename, frame.lineno, frame.colno, frame.end_colno
+    return None, None, None, None

@@ -97,8 +97,9 @@ TOOLS = (
 )
 #: The issue's goals for the harness: score -> least rate.
 GOALS = {"detected": 0.95, "stage_right": 0.90, "cause_right": 0.80, "fixed": 0.70}
-#: The doctor's goals: fixed among the bugs that fail in training (not silent), and a fix
-#: of the maintainers' class (or a guard at the bug's op) over the whole zoo.
+#: The doctor's goals: fixed among the bugs the harness detects in training (the doctor
+#: has a failure to treat), and a fix of the maintainers' class (or a guard at the bug's
+#: op) over the whole zoo.
 FIXED_FAILING_GOAL = 22 / 24
 FIX_RIGHT_GOAL = 0.75
 
@@ -352,11 +353,15 @@ def _rate_line(label: str, right: Sequence[str], among: Sequence[str], goal: flo
     )
 
 
+def failing_rows(rows: Sequence[dict[str, str]]) -> list[dict[str, str]]:
+    return [r for r in rows if r["detected"] == "True"]
+
+
 def _doctor_goals(rows: Sequence[dict[str, str]]) -> list[str]:
-    """The doctor's two goals: fixed among the bugs that fail in training, and a fix of
-    the maintainers' class over the whole zoo."""
-    failing = [r["bug"] for r in rows if r["silent"] != "True"]
-    fixed = [r["bug"] for r in rows if r["silent"] != "True" and r["fixed"] == "True"]
+    """The doctor's two goals: fixed among the bugs the harness detects in training, and a
+    fix of the maintainers' class over the whole zoo."""
+    failing = [r["bug"] for r in rows if r["detected"] == "True"]
+    fixed = [r["bug"] for r in failing_rows(rows) if r["fixed"] == "True"]
     right = [r["bug"] for r in rows if r.get("fix_right") == "True"]
     return [
         _rate_line(
