@@ -899,7 +899,9 @@ def test_only_a_fix_of_the_original_seeds_is_confirmed_on_fresh_seeds():
     assert made[0].case.seeds == (3, 4) and made[0].case.name.endswith("__fresh")
 
 
-def test_a_guard_whose_runs_fail_at_another_site_gets_that_site_guarded_too(tmp_path):
+def test_a_guard_whose_runs_fail_at_another_site_gets_that_site_guarded_too(
+    tmp_path, isolated_registries
+):
     from stability.doctor.run import begin, conclude, follow_ups
     from stability.zoo.run import BUGS, load_bug
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from stability.core.files import atomic_writer
 from stability.doctor.remedies import command
 from stability.doctor.run import BUDGET_FACTOR, DoctorRun, Trial, median_epoch
-from stability.model.remedy import HEADROOM, list_remedies
+from stability.model.remedy import HEADROOM, OP_GUARD, list_remedies
 from stability.report.verdicts import DELAY_FACTOR, DELAYS, FIXES, NOT_APPLICABLE
 
 #: The columns of ``<case>.doctor.csv``.
@@ -252,9 +252,18 @@ def _budget_sentence(run: DoctorRun) -> str:
 
 def _why(run: DoctorRun, rows: Sequence[dict[str, str]]) -> list[str]:
     symptom = run.finding.symptom
+    other_ops = [r for r in rows if _guard_of_another_op(r)]
+    rows = [r for r in rows if r not in other_ops]
     helps = [r for r in rows if r["expected"] == "helps" and r["family"] != "candidate"]
     cannot = [r for r in rows if r["expected"] == "cannot help"]
     lines = [f"The doctor's table (docs/doctor.md) for **{symptom}**:", ""]
+    if other_ops:
+        named = ", ".join(run.finding.ops) or "no op"
+        lines += [
+            f"The guards of other ops ({_names(other_ops)}) do not apply: the failure names "
+            f"{named}.",
+            "",
+        ]
     if helps:
         lines += ["Expected to help:", ""]
         lines += [f"- `{r['remedy']}`: {run_reason(run, r)}" for r in helps]
@@ -263,6 +272,15 @@ def _why(run: DoctorRun, rows: Sequence[dict[str, str]]) -> list[str]:
         lines += ["Expected not to help, tried anyway to show it:", ""]
         lines += [f"- `{r['remedy']}`: {run_reason(run, r)}" for r in cannot]
     return lines
+
+
+def _guard_of_another_op(row: dict[str, str]) -> bool:
+    """An op guard left out because the failure names another op (``_guard_applies``)."""
+    return (
+        row["fix_class"] == OP_GUARD
+        and row["verdict"] == NOT_APPLICABLE
+        and row["reason"].startswith("the failure names ")
+    )
 
 
 def run_reason(run: DoctorRun, row: dict[str, str]) -> str:

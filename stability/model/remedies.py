@@ -434,6 +434,7 @@ def tanh_cap(recipe: Recipe, ctx: BuildContext, layer: str | None) -> Recipe:
 
 #: The symptoms an op guard is for: every failure the replay pins on one op.
 _OP_SYMPTOMS = (
+    Cause.FORWARD.value,
     Cause.FORWARD_OVERFLOW.value,
     Cause.FORWARD_UNDERFLOW.value,
     Cause.NONFINITE_GRADIENT_OP.value,
