@@ -7,6 +7,7 @@ the doctor's original run, the same training) and compares what the harness repo
 
 import csv
 import re
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -53,6 +54,32 @@ def test_the_committed_zoo_has_every_bug_and_its_columns():
     for row in rows:
         for column in ("detected", "stage_right", "cause_right", "localized", "fixed"):
             assert row[column] in ("True", "False"), f"{row['bug']}: {column} = {row[column]!r}"
+
+
+def test_the_committed_fix_columns_follow_from_the_doctors_fix_and_the_ground_truth(
+    isolated_registries,
+):
+    from stability.model.remedy import get_remedy
+    from stability.zoo.report import fix_right
+
+    for row in committed_rows():
+        bug = load_bug(BUGS / f"{row['bug']}.toml").bug
+        assert row["fix_class"] == bug.fix_class, row["bug"]
+        assert row["fixed"] == str(bool(row["doctor_fix"])), row["bug"]
+        if not row["doctor_fix"]:
+            assert row["fix_right"] == "False" and not row["doctor_fix_class"], row["bug"]
+            continue
+        first, *chain = row["doctor_fix"].split("+")
+        remedy = get_remedy(first)
+        if chain:  # a chain of guards is named by its first and the sites after it
+            remedy = replace(remedy, name=row["doctor_fix"])
+        assert row["doctor_fix_class"] == remedy.fix_class, row["bug"]
+        assert row["fix_right"] == str(fix_right(remedy, bug)), row["bug"]
+        # An op guard's fix names the bug's own module, and a line of it that exists.
+        if remedy.fix_class == "op guard":
+            where = row["doctor_fix_code"].split(": ")[0]
+            path, line = where.rsplit(":", 1)
+            assert path.endswith(f"{row['bug']}.py") and int(line) > 0, row["bug"]
 
 
 def planted(bug, detected, stage_right, cause_right="True", fixed="True", tna="False"):

@@ -364,9 +364,7 @@ def _doctor_goals(rows: Sequence[dict[str, str]]) -> list[str]:
     fixed = [r["bug"] for r in failing_rows(rows) if r["fixed"] == "True"]
     right = [r["bug"] for r in rows if r.get("fix_right") == "True"]
     return [
-        _rate_line(
-            "fixed among the bugs that fail in training", fixed, failing, FIXED_FAILING_GOAL
-        ),
+        _rate_line("fixed among the bugs detected in training", fixed, failing, FIXED_FAILING_GOAL),
         _rate_line(
             "fix right (the maintainers' class of fix, or a guard at the bug's op), over the "
             "whole zoo",
