@@ -137,7 +137,15 @@ def test_model_keys_are_the_loaders(docs):
 def test_every_data_set_is_documented_with_its_parameters(docs):
     assert set(docs["dataset"]) == {"name"}
     documented = {scope.split(":", 1)[1] for scope in docs if scope.startswith("dataset:")}
-    assert documented == set(list_datasets())
+    # The built-in data sets: a zoo bug's module or a plugin another test in this process
+    # loaded registers its own, documented with it (docs/zoo.md), not in docs/cases.md.
+    from stability.data import registry
+
+    def builtin(name):
+        module = registry._datasets.get(name).__module__
+        return module.startswith("stability.") and not module.startswith("stability.zoo.bugs")
+
+    assert documented == {name for name in list_datasets() if builtin(name)}
     for name in documented:
         assert set(docs[f"dataset:{name}"]) == set(dataset_parameters(name)), name
 
