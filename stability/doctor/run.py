@@ -536,7 +536,7 @@ def _follow_up(run: DoctorRun, trial: Trial, remedy: Remedy, step: str, ops: tup
     name = f"{trial.remedy.name}{step}"
     case = replace(
         trial.case,
-        name=f"{run.case.name}__{name.replace(':', '_').replace('@', '_at_')}",
+        name=f"{run.case.name}__{name.replace(':', '_')}",
         variants=(trial.case.variants[0] + step,),
     )
     try:
