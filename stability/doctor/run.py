@@ -12,10 +12,10 @@ registered remedy (``stability.model.remedies``) and judge each by the written r
    headroom symptom: and none keeps the warning); ``delays`` when the median failure epoch
    (a run without one counts as beyond the budget) is at least ``DELAY_FACTOR`` times the
    original's; else ``does not help``. A remedy that cannot apply is ``not applicable``.
-4. **Ops that fail in turn** (``chain``): an op guard whose runs fail at another site (the
+4. **Ops that fail in turn** (``follow_through``): an op guard whose runs fail at another site (the
    same op in the next layer, or another op) gets a follow-up trial, the variant with that
    site guarded too, up to ``MAX_GUARDS`` guards; each is proved by its own retraining.
-5. **Beyond the seeds** (``confirm``): every remedy that fixes the original seeds trains
+5. **Beyond the seeds** (``follow_through``): every remedy that fixes the original seeds trains
    ``FRESH_SEEDS`` fresh seeds too (other initial weights and batch orders; the seeds after
    the largest asked for). It ``fixes`` only if they do not fail either; else its verdict
    over all its runs is ``delays`` by the rule above, or ``holds on these seeds``.
@@ -229,7 +229,7 @@ class Trial:
     #: For an op guard: the ops it rewrote when the remedied variant was checked, each with
     #: the user's line that built it (``stability.model.op_guard.Site``).
     sites: list[Site] = field(default_factory=list)
-    #: The runs on fresh seeds (``confirm``), once trained: only a fix has them.
+    #: The runs on fresh seeds (``confirmations``), once trained: only a fix has them.
     fresh: Trial | None = None
     #: Whether ``follow_ups`` has looked at this trial's failure already.
     followed: bool = False
@@ -548,24 +548,6 @@ def _follow_up(run: DoctorRun, trial: Trial, remedy: Remedy, step: str, ops: tup
     return [Trial(chained, case, trial.folder, sites=model_sites(target.recipe().model))]
 
 
-def chain(
-    runs: Sequence[DoctorRun],
-    progress: bool,
-    resume: bool,
-    overwrite: bool,
-    workers: int,
-    cluster: RayCluster | None,
-    say: Callable[[str], None],
-) -> None:
-    """Repair ops that fail in turn (``follow_ups``), one retraining per round."""
-    for _ in range(MAX_GUARDS - 1):
-        made = [t for run in runs for t in follow_ups(run)]
-        if not made:
-            return
-        say(f"guarding the next failing op: {len(made)} chained trials")
-        train_trials(made, progress, resume, overwrite, workers, cluster, "chained", tolerate=True)
-
-
 def fresh_seeds(seeds: Sequence[int]) -> tuple[int, ...]:
     """The ``FRESH_SEEDS`` seeds after the largest of ``seeds``."""
     top = max(seeds)
@@ -590,21 +572,37 @@ def confirmations(runs: Sequence[DoctorRun]) -> list[Trial]:
     return made
 
 
-def confirm(
-    runs: Sequence[DoctorRun],
-    progress: bool,
-    resume: bool,
-    overwrite: bool,
-    workers: int,
-    cluster: RayCluster | None,
-    say: Callable[[str], None],
-) -> None:
-    """Train every fix's fresh seeds (``confirmations``), so its verdict covers them."""
+#: ``train(trials, desc)``: ``train_trials`` with a doctor's sweep options bound, a run that
+#: raises making its trial not applicable.
+Train = Callable[[Sequence[Trial], str], None]
+
+
+def tolerant(
+    progress: bool, resume: bool, overwrite: bool, workers: int, cluster: RayCluster | None
+) -> Train:
+    """``train_trials`` with these options bound, tolerating a run that raises."""
+
+    def train(trials: Sequence[Trial], desc: str) -> None:
+        train_trials(trials, progress, resume, overwrite, workers, cluster, desc, tolerate=True)
+
+    return train
+
+
+def follow_through(runs: Sequence[DoctorRun], train: Train, say: Callable[[str], None]) -> None:
+    """After the remedies' runs: repair ops that fail in turn (``follow_ups``), one
+    retraining per round, then train every fix's fresh seeds (``confirmations``), so that
+    its verdict covers them."""
+    for _ in range(MAX_GUARDS - 1):
+        made = [t for run in runs for t in follow_ups(run)]
+        if not made:
+            break
+        say(f"guarding the next failing op: {len(made)} chained trials")
+        train(made, "chained")
     fresh = confirmations(runs)
     if fresh:
         seeds = ", ".join(map(str, fresh[0].case.seeds))
         say(f"confirming {len(fresh)} fixes on fresh seeds ({seeds} for the first)")
-        train_trials(fresh, progress, resume, overwrite, workers, cluster, "fresh", tolerate=True)
+        train(fresh, "fresh")
 
 
 def begin(case: Case, variant: str, out: Path, seeds: Sequence[int] | None = None) -> DoctorRun:
@@ -657,11 +655,9 @@ def doctor(
     if run.trials:
         applicable = sum(t.case is not None for t in run.trials)
         say(f"{run.finding.symptom}: rerunning {applicable} remedies for {run.budget} epochs")
-        train_trials(
-            run.trials, progress, resume, overwrite, workers, cluster, "remedies", tolerate=True
-        )
-        chain([run], progress, resume, overwrite, workers, cluster, say)
-        confirm([run], progress, resume, overwrite, workers, cluster, say)
+        train = tolerant(progress, resume, overwrite, workers, cluster)
+        train(run.trials, "remedies")
+        follow_through([run], train, say)
     return run
 
 
@@ -683,7 +679,7 @@ def doctor_many(
         conclude(run)
     trials = [t for r in runs for t in r.trials]
     say(f"rerunning {sum(t.case is not None for t in trials)} remedies")
-    train_trials(trials, progress, resume, overwrite, workers, None, "remedies", tolerate=True)
-    chain(runs, progress, resume, overwrite, workers, None, say)
-    confirm(runs, progress, resume, overwrite, workers, None, say)
+    train = tolerant(progress, resume, overwrite, workers, None)
+    train(trials, "remedies")
+    follow_through(runs, train, say)
     return runs
