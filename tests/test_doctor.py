@@ -916,9 +916,10 @@ def test_only_a_fix_of_the_original_seeds_is_confirmed_on_fresh_seeds():
     assert made[0].case.seeds == (3, 4) and made[0].case.name.endswith("__fresh")
 
 
-def test_a_guard_whose_runs_fail_at_another_site_gets_that_site_guarded_too(
-    tmp_path, isolated_registries
-):
+def test_a_guard_whose_runs_fail_at_another_site_gets_that_site_guarded_too(tmp_path):
+    # Loads a zoo bug as the zoo's own tests do, without isolated_registries: that fixture
+    # keeps stability's modules imported and drops what they registered, so a later
+    # load_case of the bug in this process would find no variant.
     from stability.doctor.run import begin, conclude, follow_ups
     from stability.zoo.run import BUGS, load_bug
 
