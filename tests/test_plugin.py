@@ -40,16 +40,6 @@ def test_stability_report_writes_the_case_run_by_the_fixture(pytester, monkeypat
     assert (out / "tiny.logits.png").stat().st_size > 0
 
 
-def test_without_the_flag_nothing_is_written(pytester, monkeypatch):
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
-    pytester.makefile(".toml", tiny=TINY_CASE)
-    pytester.makepyfile(test_user=USER_TEST)
-    # A subprocess: pytester's in-process run re-imports TensorFlow, which aborts.
-    result = pytester.runpytest_subprocess("-p", "stability.plugin")
-    result.assert_outcomes(passed=1)
-    assert not list(pytester.path.rglob("tiny.md")) and not list(pytester.path.rglob("*.png"))
-
-
 def test_the_fixture_in_this_suite(stability_run, tmp_path):
     # The README's pattern, loaded by this suite's own `-p stability.plugin` (or, once the
     # project is installed, by the entry point): `pytest --stability-report DIR` reports it.
@@ -85,12 +75,21 @@ def documented_block(doc: str, first_line: str) -> str:
 
 def test_the_documented_fixture_example_runs_in_a_fresh_folder(pytester, monkeypatch):
     """docs/testing.md's stability_run example, beside plugins.md's my_variants.py, as they
-    stand there, in a folder with no case files: it trains the shipped SMALL_CASE."""
+    stand there, in a folder with no case files: it trains the shipped SMALL_CASE, and,
+    without ``--stability-report``, writes nothing."""
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
     pytester.makepyfile(
         my_variants=documented_block("plugins.md", "# my_variants.py"),
         test_my_variants=documented_block("testing.md", "# test_my_variants.py"),
     )
     assert not list(pytester.path.rglob("*.toml"))
+    # A subprocess: pytester's in-process run re-imports TensorFlow, which aborts.
     result = pytester.runpytest_subprocess("-p", "stability.plugin")
     result.assert_outcomes(passed=1)
+    written = [
+        path
+        for pattern in ("*.md", "*.csv", "*.png")
+        for path in pytester.path.rglob(pattern)
+        if ".pytest_cache" not in path.parts  # pytest's own README.md
+    ]
+    assert not written, f"written without --stability-report: {written}"

@@ -123,11 +123,19 @@ def free_port() -> int:
 
 
 def test_a_local_ray_gives_the_serial_rows(in_folder, reference, tmp_path):
+    """One local instance trains two cases: the plugin's (shipped by the runtime
+    environment) and the case that 2 intra-op threads move (tests/test_thread_layout.py),
+    which a Ray task trains on the fixed layout, as this process does. One run of both, so
+    that the default test run starts one local Ray, not two."""
+    from test_thread_layout import THREADS_CASE, rows
+
+    run_case(parse_case(THREADS_CASE, source="threads"), tmp_path / "serial", progress=False)
+    (in_folder / "threads.toml").write_text(THREADS_CASE)
     out = tmp_path / "out"
     code = main(
         [
-            *("run", "tiny.toml", "--plugin", "ray_test_plugin", "--executor", "ray"),
-            *("--out", str(out), "--no-progress"),
+            *("run", "tiny.toml", "threads.toml", "--plugin", "ray_test_plugin"),
+            *("--executor", "ray", "--out", str(out), "--no-progress"),
         ]
     )
     assert code == 0
@@ -135,18 +143,6 @@ def test_a_local_ray_gives_the_serial_rows(in_folder, reference, tmp_path):
 
     assert not ray.is_initialized(), "the local instance this run started must be stopped"
     assert_serial_rows(out, reference)
-
-
-def test_a_local_ray_trains_the_thread_sensitive_case_as_this_process_does(tmp_path):
-    """The case that 2 intra-op threads move (tests/test_thread_layout.py): a Ray task
-    trains it on the fixed layout, as this process does."""
-    from test_thread_layout import THREADS_CASE, rows
-
-    run_case(parse_case(THREADS_CASE, source="threads"), tmp_path / "serial", progress=False)
-    path = tmp_path / "threads.toml"
-    path.write_text(THREADS_CASE)
-    out = tmp_path / "ray"
-    assert main(["run", str(path), "--executor", "ray", "--out", str(out), "--no-progress"]) == 0
     pd.testing.assert_frame_equal(rows(out), rows(tmp_path / "serial"))
 
 
