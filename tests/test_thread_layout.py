@@ -79,6 +79,7 @@ def test_this_process_trains_on_the_fixed_layout(serial):
     assert parse(environment)["threads"] == "1x1"
 
 
+@pytest.mark.slow  # the premise of the tests below, not a promise; THREADS_CASE is fixed
 def test_another_layout_moves_this_case(serial, tmp_path):
     run_case(replace(case(), threads=2), tmp_path, progress=False)
     other, base = rows(tmp_path), rows(serial)
