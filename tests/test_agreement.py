@@ -222,13 +222,11 @@ def test_a_spread_s_own_cpu_is_its_reference_s_not_the_machine_s(tmp_path):
     root = Path(__file__).parent.parent
     reference = (root / "reports" / "learning_rate.csv").read_text(encoding="utf-8")
     home = parse(pd.read_csv(root / "reports" / "learning_rate.csv")["environment"][0])["cpu"]
+    spread = (root / "reports" / "learning_rate.spread.csv").read_text(encoding="utf-8")
     made_up = "Made-up CPU; x86_64; family/model/stepping 0/0/0; flags avx"
-    for name, text in (
-        ("learning_rate.csv", reference),
-        ("learning_rate.spread.csv", (root / "reports" / "learning_rate.spread.csv").read_text()),
-    ):
+    (tmp_path / "in").mkdir()
+    for name, text in (("learning_rate.csv", reference), ("learning_rate.spread.csv", spread)):
         assert home in text
-        (tmp_path / "in").mkdir(exist_ok=True)
         (tmp_path / "in" / name).write_text(text.replace(home, made_up), encoding="utf-8")
     args = ["spread", str(root / "cases" / "learning_rate.toml"), "--layouts", "none"]
     args += ["--reference", str(tmp_path / "in" / "learning_rate.csv")]

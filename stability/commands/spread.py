@@ -61,8 +61,8 @@ def add_spread_parser(sub: argparse._SubParsersAction) -> None:
         help="rows of the case trained elsewhere (a results or spread CSV, e.g. a copy of "
         "another CPU's reports/seed.csv); each of its layouts not trained in this call "
         "joins the spread, named '<threads> on <cpu>' for a CPU other than the reference's. "
-        "Repeatable; passing "
-        "the spread CSV being rewritten keeps the layouts it measured before",
+        "Repeatable; passing the spread CSV being rewritten keeps the layouts it "
+        "measured before",
     )
     spread.add_argument(
         "--variants", help="comma-separated variants to measure (default: the case's)"
@@ -138,9 +138,8 @@ def _cpu_of(frames: dict[str, pd.DataFrame]) -> str:
     """The CPU the reference's rows record (``--reference``), or '' without one."""
     from stability.core.environment import parse
 
-    for frame in frames.values():
-        return parse(str(frame["environment"].iloc[0])).get("cpu", "")
-    return ""
+    frame = next(iter(frames.values()), None)
+    return "" if frame is None else parse(str(frame["environment"].iloc[0])).get("cpu", "")
 
 
 def _reference(path: Path, case: Case) -> dict[str, pd.DataFrame]:
