@@ -6,8 +6,6 @@ their weights on the first call); examples/my_gat.py is the same through a case 
 """
 
 import dataclasses
-import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -15,6 +13,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from conftest import run_cli
 
 from stability import Recipe, StabilityError, TrainConfig, Trainer, Variant
 from stability.compat.keras_layers import layer_names
@@ -226,24 +225,15 @@ def test_the_example_gnn_trains_through_its_case_file(tmp_path, isolated_registr
     ]
     for label, extra in [("near", ["--set", "dataset.max_outlier=4.0"]), ("far", [])]:
         out = tmp_path / label
-        done = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "stability",
-                "run",
-                str(ROOT / "examples" / "my_gat.toml"),
-                "--variants",
-                "my_gat",
-                "--out",
-                str(out),
-                *tiny,
-                *extra,
-            ],
-            env={**os.environ, "PYTHONPATH": str(ROOT)},
-            capture_output=True,
-            text=True,
-            timeout=600,
+        # In this process (conftest.run_cli): the command line's path without a second
+        # TensorFlow start; tests/test_examples.py runs the walkthrough in a real process.
+        done = run_cli(
+            "run",
+            str(ROOT / "examples" / "my_gat.toml"),
+            *("--variants", "my_gat", "--out", str(out)),
+            *tiny,
+            *extra,
+            cwd=tmp_path,
         )
         assert done.returncode == 0, done.stderr[-2000:]
         import pandas as pd
