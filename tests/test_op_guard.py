@@ -188,3 +188,32 @@ def test_a_line_without_the_op_gets_the_guard_as_a_comment():
 
     line = rewrite_line("h = self.readout(h)", guard_named("guard_sqrt"), "float32")
     assert line.startswith("h = self.readout(h)  # guard its Sqrt: sqrt(maximum(X, 1.19e-07))")
+
+
+class Sinc(keras.layers.Layer):
+    """sin(x) / d with its limit where d = 0, as DimeNet's basis writes it: the tf.where
+    discards the 0 / 0, whose gradient is still NaN."""
+
+    def call(self, d):
+        x = d / 5.0
+        return tf.sqrt(2 / 5.0) * tf.where(d == 0, tf.ones_like(d), tf.sin(x) / d)
+
+
+def test_the_fix_is_the_op_the_guard_changed_at_its_columns():
+    """Of the layer's two divisions only ``sin(x) / d`` meets d = 0: the fix is that line,
+    and on it that division (the frame's columns), not the first ``/`` (Python's 2 / 5.0)."""
+    from stability.doctor.code_fix import code_fixes
+
+    layer = Sinc()
+    guard_layer(layer, guard_named("guard_divide"))
+    layer(tf.constant([[0.0], [1.0], [2.0]]))  # an eager call, as the doctor's check makes
+    found = sites(layer)
+    assert [s.changed for s in found] == [False, True], found
+    [fix] = code_fixes(found, "float32")
+    assert (
+        fix.before == "return tf.sqrt(2 / 5.0) * tf.where(d == 0, tf.ones_like(d), tf.sin(x) / d)"
+    )
+    assert fix.after == (
+        "return tf.sqrt(2 / 5.0) * tf.where(d == 0, tf.ones_like(d), "
+        "tf.math.divide_no_nan(tf.sin(x), d))"
+    )

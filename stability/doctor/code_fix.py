@@ -59,7 +59,11 @@ def bounds(dtype: str) -> dict[str, str]:
 
 def code_fixes(sites: Sequence[Site], dtype: str) -> list[CodeFix]:
     """The rewritten line for each distinct line of ``sites`` (in order), by the guard that
-    rewrote its op; a site whose line cannot be read is left out."""
+    rewrote its op; a site whose line cannot be read is left out. Where the guard changed a
+    value at some sites (``Site.changed``, seen on the doctor's eager batch), only those are
+    the fix: the others (``d / cutoff`` with a constant cutoff) compute what they did."""
+    if any(site.changed for site in sites):
+        sites = [site for site in sites if site.changed]
     fixes, seen = [], set()
     for site in sites:
         if site.file is None or site.line is None or (site.file, site.line) in seen:

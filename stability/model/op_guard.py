@@ -21,11 +21,11 @@ library and this module), which the doctor prints as the fix.
 from __future__ import annotations
 
 import functools
+import inspect
 import math
 import sys
 import sysconfig
 import threading
-import traceback
 import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -74,6 +74,9 @@ class Site:
     #: position of the frame's instruction), where Python gives them.
     col: int | None = None
     end_col: int | None = None
+    #: Whether the guard changed a value of the op's outputs, where it saw them (an eager
+    #: call); None in a traced step, whose values are not known when the op is built.
+    changed: bool | None = None
 
 
 def eps(dtype: tf.DType) -> float:
@@ -379,7 +382,7 @@ def guard_layer(layer: keras.Layer, guard: OpGuard) -> None:
         # recorded, ``flush`` records them again as the identity of the guarded values.
         pending.append((returned, new))
         name = str(where.get("op_name") or op_type)
-        found.append(Site(guard.name, op_type, name, *user_frame()))
+        found.append(Site(guard.name, op_type, name, *user_frame(), _changed(outputs, new)))
         return returned
 
     def flush() -> None:
@@ -424,16 +427,39 @@ def _library_roots() -> tuple[str, ...]:
     return tuple(sorted(roots))
 
 
+def _changed(raw: Any, guarded: Sequence[tf.Tensor]) -> bool | None:
+    """Whether ``guarded`` differs from the op's ``raw`` outputs anywhere (NaN against NaN
+    is no change); None where they are symbolic (a traced step)."""
+    raw = list(raw) if isinstance(raw, (list, tuple)) else [raw]
+    if not all(hasattr(t, "numpy") for t in [*raw, *guarded]) or not tf.executing_eagerly():
+        return None
+    for before, after in zip(raw, guarded, strict=False):
+        a, b = np.asarray(before.numpy()), np.asarray(after.numpy())
+        if a.shape != b.shape or not np.all((a == b) | (np.isnan(a) & np.isnan(b))):
+            return True
+    return False
+
+
 def user_frame() -> tuple[str | None, int | None, int | None, int | None]:
     """The file, line and columns of the innermost frame outside TensorFlow, Keras, the
-    standard library and this module: the user's code that built the op being rewritten."""
+    standard library and this module: the user's code that built the op being rewritten.
+    The columns are those of the frame's current instruction (``inspect.getframeinfo``'s
+    ``positions``, Python 3.11 on): ``traceback.extract_stack`` leaves them out."""
     roots, here = _library_roots(), str(Path(__file__).resolve())
     paths = sysconfig.get_paths()
     stdlib, installed = paths["stdlib"], (paths["purelib"], paths["platlib"])
-    for frame in reversed(traceback.extract_stack()):
-        path = str(Path(frame.filename).resolve())
+    frame = inspect.currentframe()
+    while frame is not None:
+        filename = frame.f_code.co_filename
+        path = str(Path(filename).resolve())
         in_stdlib = path.startswith(stdlib) and not path.startswith(installed)
-        if path == here or in_stdlib or path.startswith(roots) or frame.filename.startswith("<"):
+        if path == here or in_stdlib or path.startswith(roots) or filename.startswith("<"):
+            frame = frame.f_back
             continue
-        return frame.filename, frame.lineno, frame.colno, frame.end_colno
+        positions = getattr(inspect.getframeinfo(frame, context=0), "positions", None)
+        col = getattr(positions, "col_offset", None)
+        end_col = getattr(positions, "end_col_offset", None)
+        if positions is not None and positions.lineno != positions.end_lineno:
+            col = end_col = None  # an expression over several lines: no span on one line
+        return filename, frame.f_lineno, col, end_col
     return None, None, None, None
