@@ -22,11 +22,13 @@ def add_doctor_parser(sub: argparse._SubParsersAction) -> None:
         "cause), then rerun the same seeds with every remedy the harness can apply without "
         "code (gradient clipping, a lower learning rate, a larger Adam epsilon, a larger "
         "batch, float64, standardized or squashed edge distances, a kernel constraint, the "
-        "stable softmax, a logit cap, and --candidates) for at least 3 times the failure "
-        "epoch, and judge each: fixes, delays or does not help (docs/doctor.md). Writes "
-        "<case>.doctor.md and <case>.doctor.csv into --out, and every remedy's runs into "
-        "<out>/<case>.doctor/. Exit 0 when a remedy fixes the failure (or there is none), "
-        "1 when none does, 2 on bad input.",
+        "stable softmax, a logit cap, a guard at the failing op such as an epsilon in its "
+        "sqrt or a division that is 0 where its denominator is, and --candidates) for at "
+        "least 3 times the failure epoch, and judge each: fixes (on fresh seeds too), "
+        "delays or does not help (docs/doctor.md). A guard that fixes is printed as the "
+        "line of your code to change. Writes <case>.doctor.md and <case>.doctor.csv into "
+        "--out, and every remedy's runs into <out>/<case>.doctor/. Exit 0 when a remedy "
+        "fixes the failure (or there is none), 1 when none does, 2 on bad input.",
     )
     add_case_argument(doctor)
     doctor.add_argument("--variant", required=True, help="the variant to doctor")
