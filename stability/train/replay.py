@@ -158,29 +158,40 @@ def origin_op(fn: Callable[[Any], Any], inputs: Any) -> tf.Operation | None:
     run in) and finds that op; None if there is none (or the values cannot be read).
     """
 
+    live: list[tf.Operation] = []
+
     def every_value(batch: Any) -> dict[str, tf.Tensor]:
-        fn(batch)
+        results = tf.nest.flatten(fn(batch))
         graph = tf.compat.v1.get_default_graph()
-        return {
-            t.name: tf.identity(t)
-            for op in graph.get_operations()
-            for t in op.outputs
-            if t.dtype.is_floating
-        }
+        live.extend(_ancestors(graph, [t for t in results if isinstance(t, tf.Tensor)]))
+        return {t.name: tf.identity(t) for op in live for t in op.outputs if t.dtype.is_floating}
 
     try:
         traced = tf.function(every_value, jit_compile=False)
         with one_off_traces():
             values = {name: np.asarray(v) for name, v in traced(inputs).items()}
-        graph = traced.get_concrete_function(inputs).graph
     except (ValueError, KeyError, TypeError, tf.errors.OpError):
         return None
-    for op in graph.get_operations():
-        if op.type == "Const" or not any(t.name in values for t in op.outputs):
-            continue
-        if _makes_non_finite(op, values):
+    for op in live:
+        if op.type != "Const" and _makes_non_finite(op, values):
             return op
     return None
+
+
+def _ancestors(graph: tf.Graph, tensors: list[tf.Tensor]) -> list[tf.Operation]:
+    """The ops of ``graph`` that ``tensors`` are computed from, in the order they were built
+    (an order they can run in). An op whose outputs nothing reads is left out: the raw op
+    an op guard replaced (``stability.model.op_guard``) is still in the graph, unused."""
+    seen: set[str] = set()
+    stack = [t.op for t in tensors]
+    while stack:
+        op = stack.pop()
+        if op.name in seen:
+            continue
+        seen.add(op.name)
+        stack.extend(t.op for t in op.inputs)
+        stack.extend(op.control_inputs)
+    return [op for op in graph.get_operations() if op.name in seen]
 
 
 def _makes_non_finite(op: tf.Operation, values: dict[str, np.ndarray]) -> bool:
