@@ -13,7 +13,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import run_cli
+from conftest import TINY_CASE, run_cli
 
 from stability import Recipe, TrainConfig, Trainer
 from stability.core.errors import CaseError, RemedyError, StabilityError
@@ -916,10 +916,12 @@ def test_only_a_fix_of_the_original_seeds_is_confirmed_on_fresh_seeds():
     assert made[0].case.seeds == (3, 4) and made[0].case.name.endswith("__fresh")
 
 
-def test_a_guard_whose_runs_fail_at_another_site_gets_that_site_guarded_too(tmp_path):
-    # Loads a zoo bug as the zoo's own tests do, without isolated_registries: that fixture
-    # keeps stability's modules imported and drops what they registered, so a later
-    # load_case of the bug in this process would find no variant.
+def test_a_guard_at_a_layer_guards_every_layer_of_its_class(tmp_path):
+    """The fix is a line of the layer's ``call``: ``guard_pow@gcn_layer`` guards
+    gcn_layer_1 too, so a failure there gets no follow-up. Loads a zoo bug as the zoo's
+    own tests do, without isolated_registries: that fixture keeps stability's modules
+    imported and drops what they registered, so a later load_case of the bug in this
+    process would find no variant."""
     from stability.doctor.run import begin, conclude, follow_ups
     from stability.zoo.run import BUGS, load_bug
 
@@ -930,15 +932,84 @@ def test_a_guard_whose_runs_fail_at_another_site_gets_that_site_guarded_too(tmp_
     conclude(run)
     guard = next(t for t in run.trials if t.remedy.name == "guard_pow")
     assert guard.case is not None and {s.op_type for s in guard.sites} == {"Pow"}
-    guard.rows = [{**pow_in, "first_nan_layer": "gcn_layer_1"}]  # the next layer's Pow fails
+    # Both GCN layers' calls rewrote their Pow: the same line, once per layer.
+    assert len(guard.sites) == 2 * len({(s.file, s.line) for s in guard.sites}), guard.sites
+    guard.rows = [{**pow_in, "first_nan_layer": "gcn_layer_1"}]
+    assert follow_ups(run) == []
+
+
+class HalfPower(keras.layers.Layer):
+    """``h * (sum |h|) ** -0.5``: the power of 0 is inf where a node's features are 0.
+    Shapes: ``h`` ``[num_nodes, hidden]``; returns ``[num_nodes, hidden]``."""
+
+    def call(self, h):
+        return h * tf.pow(tf.reduce_sum(tf.abs(h), axis=-1, keepdims=True), -0.5)
+
+
+class OtherHalfPower(keras.layers.Layer):
+    """The same op in another class's ``call``: a guard of HalfPower does not reach it."""
+
+    def call(self, h):
+        return h * tf.pow(tf.reduce_sum(tf.square(h), axis=-1, keepdims=True), -0.5)
+
+
+class SameCall(HalfPower):
+    """A subclass that keeps HalfPower's ``call``: it runs the line a guard's fix changes."""
+
+
+class TwoPowers(keras.Model):
+    def __init__(self, hidden):
+        super().__init__()
+        self.embed = keras.layers.Dense(hidden, name="embed")
+        self.first = HalfPower(name="first_power")
+        self.second = OtherHalfPower(name="second_power")
+        self.head = keras.layers.Dense(2, name="head")
+
+    def call(self, inputs):
+        h = self.second(self.first(self.embed(inputs["nodes"])))
+        graph, count = inputs["node_graph"], inputs["num_graphs"]
+        return self.head(tf.math.unsorted_segment_sum(h, graph, count))
+
+
+def test_a_guard_whose_runs_fail_at_a_layer_of_another_class_gets_it_guarded_too(
+    tmp_path, isolated_registries
+):
+    from stability.doctor.run import begin, conclude, follow_ups
+
+    @register_variant
+    def two_powers_test(ctx):
+        """two layers of different classes, each with a power of -0.5"""
+        return Recipe(TwoPowers(ctx.hidden), keras.optimizers.Adam(ctx.learning_rate))
+
+    case = parse_case(TINY_CASE.replace('"raw_e", "stable_softmax"', '"two_powers_test"'))
+    run = begin(case, "two_powers_test", tmp_path)
+    pow_in = {**failed(1, layer="first_power"), "first_nan_op": "Pow (Pow)"}
+    run.original.rows = [pow_in]
+    conclude(run)
+    guard = next(t for t in run.trials if t.remedy.name == "guard_pow")
+    assert guard.case is not None
+    guard.rows = [{**pow_in, "first_nan_layer": "second_power"}]  # the other class's Pow
     made = follow_ups(run)
     assert [t.case.variants[0] for t in made] == [
-        "zoo_b_gcn_negative_weight+guard_pow@gcn_layer+guard_pow@gcn_layer_1"
+        "two_powers_test+guard_pow@first_power+guard_pow@second_power"
     ]
-    assert made[0].remedy.name == "guard_pow+guard_pow@gcn_layer_1"
-    # The chained variant builds, and both of its guards rewrite a Pow.
+    assert made[0].remedy.name == "guard_pow+guard_pow@second_power"
     assert {s.guard for s in made[0].sites} == {"guard_pow"} and len(made[0].sites) >= 2
     assert follow_ups(run) == []  # each trial's failure is followed once
     # A chain that fails again at a site it guards gets no follow-up.
-    made[0].rows = [{**pow_in, "first_nan_layer": "gcn_layer_1"}]
+    made[0].rows = [{**pow_in, "first_nan_layer": "second_power"}]
     assert follow_ups(run) == []
+
+
+def test_a_guard_reaches_the_layers_that_run_the_guarded_call_and_no_other():
+    from stability.model.op_guard import sites
+
+    model = TwoPowers(4)
+    model.third = SameCall(name="third_power")
+    recipe = Recipe(model, keras.optimizers.Adam(0.01))
+    get_remedy("guard_pow").model(recipe, None, "first_power")
+    h = tf.zeros((2, 4))
+    for layer in (model.first, model.second, model.third):
+        layer(h)
+    assert sites(model.first) and sites(model.third), "the same call is guarded"
+    assert not sites(model.second), "another class's call is not"

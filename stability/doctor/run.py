@@ -543,9 +543,17 @@ def _follow_up(run: DoctorRun, trial: Trial, remedy: Remedy, step: str, ops: tup
         target = _check_applies(remedy, trial.case, case, ops)
     except StabilityError:
         return []
+    sites = model_sites(target.recipe().model)
+    if {_place(s) for s in sites} <= {_place(s) for s in trial.sites}:
+        return []  # the layer is guarded already, as one of the guarded layer's class
     label = f"{trial.remedy.label}, then {remedy.label} in {step.partition('@')[2] or 'the model'}"
     chained = replace(remedy, name=name, label=label)
-    return [Trial(chained, case, trial.folder, sites=model_sites(target.recipe().model))]
+    return [Trial(chained, case, trial.folder, sites=sites)]
+
+
+def _place(site: Site) -> tuple:
+    """Where a guard rewrote an op: the guard, the op type and the user's code position."""
+    return (site.guard, site.op_type, site.file, site.line, site.col)
 
 
 def fresh_seeds(seeds: Sequence[int]) -> tuple[int, ...]:

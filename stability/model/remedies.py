@@ -465,9 +465,22 @@ def _guard_applies(guard: OpGuard, target: Target) -> str | None:
     return None
 
 
+def _same_call(model: keras.Layer, layer: keras.Layer) -> list[keras.Layer]:
+    """``layer`` and every other layer of ``model`` whose class has the same ``call`` (its
+    class, or a subclass that does not override it): the instances that run the line a
+    guard's fix changes."""
+    if layer is model:
+        return [model]
+    call = getattr(type(layer), "call", None)
+    return [each for each in nested_layers(model) if getattr(type(each), "call", None) is call]
+
+
 def _register_guard(guard: OpGuard) -> None:
     def change(recipe: Recipe, ctx: BuildContext, layer: str | None) -> Recipe:
-        guard_layer(_layer(recipe.model, layer), guard)
+        # The fix is a line of the layer's class, so the proof guards every instance of it:
+        # the second of two attention layers meets the same 0 / 0 on other weights or data.
+        for each in _same_call(recipe.model, _layer(recipe.model, layer)):
+            guard_layer(each, guard)
         return recipe
 
     change.__name__ = change.__qualname__ = guard.name
@@ -476,7 +489,10 @@ def _register_guard(guard: OpGuard) -> None:
         family="op guard",
         fix_class=OP_GUARD,
         label=f"the failing {ops} guarded: {guard.label}",
-        description=f"every {ops} op in the failing layer computed as {guard.label}",
+        description=(
+            f"every {ops} op in the failing layer, and in the other layers that run its call, "
+            f"computed as {guard.label}"
+        ),
         code=guard.label.replace("X", "x").replace("Y", "y"),
         helps=dict.fromkeys(_OP_SYMPTOMS, guard.why),
         cannot=f"it rewrites {ops} ops only: a failure at another op is left as it was",
