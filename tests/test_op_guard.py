@@ -19,6 +19,12 @@ CASES = {
     "guard_asin": (lambda x: tf.asin(x), [1.0, 1.0000001], [-0.5, 0.0, 0.9]),
     "guard_exp_cap": (lambda x: tf.exp(x), [100.0, 89.0], [-50.0, 0.0, 40.0]),
     "guard_divide": (lambda x: x / (x - x), [0.0, 3.0], []),
+    # A -inf mask where x is 0, times x: -inf * 0 (keras-gat's -10e9 * (1 - A) in float16).
+    "guard_multiply": (
+        lambda x: tf.where(tf.equal(x, 0), tf.fill(tf.shape(x), -np.inf), tf.ones_like(x)) * x,
+        [0.0, 2.0],
+        [0.5, 2.0, -3.0],
+    ),
     "guard_reciprocal": (lambda x: tf.math.reciprocal(x), [0.0, -0.0], [0.5, -4.0]),
     "guard_pow": (lambda x: tf.pow(x, -0.5), [0.0, -2.0], [0.25, 4.0, 1e6]),
 }
@@ -165,6 +171,11 @@ REWRITES = [
     ("guard_divide", "a = e / s", "a = tf.math.divide_no_nan(e, s)"),
     ("guard_log", "return tf.math.log(p)", "return tf.math.log(tf.maximum(p, 1.18e-38))"),
     ("guard_exp_cap", "e = tf.exp(a)", "e = tf.exp(tf.minimum(a, 44.36))"),
+    (
+        "guard_multiply",
+        "mask = -10e9 * (1.0 - A)",
+        "mask = tf.math.multiply_no_nan(-10e9, 1.0 - A)",
+    ),
 ]
 
 
@@ -217,3 +228,17 @@ def test_the_fix_is_the_op_the_guard_changed_at_its_columns():
         "return tf.sqrt(2 / 5.0) * tf.where(d == 0, tf.ones_like(d), "
         "tf.math.divide_no_nan(tf.sin(x), d))"
     )
+
+
+def test_a_product_by_zero_keeps_its_gradient_for_the_other_factor():
+    """multiply guards inf * 0 only: x * 0 with x finite still sends x to the zero factor's
+    gradient, as the raw product does."""
+    x = tf.Variable([3.0, 0.0])
+    y = tf.Variable([0.0, 5.0])
+    guarded = Op(lambda pair: pair[0] * pair[1])
+    guard_layer(guarded, guard_named("guard_multiply"))
+    with tf.GradientTape() as tape:
+        total = tf.reduce_sum(guarded((x, y)))
+    gx, gy = tape.gradient(total, [x, y])
+    np.testing.assert_array_equal(gx.numpy(), [0.0, 5.0])
+    np.testing.assert_array_equal(gy.numpy(), [3.0, 0.0])

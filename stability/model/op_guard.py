@@ -159,6 +159,23 @@ def _divide(inputs: Sequence[tf.Tensor]) -> list[tf.Tensor]:
     return [tf.math.divide_no_nan(x, y)]
 
 
+def _multiply(inputs: Sequence[tf.Tensor]) -> list[tf.Tensor]:
+    # inf * 0 is NaN (a -inf mask times the 0 of an edge that is there, an overflowed exp
+    # times a 0 weight). A non-finite factor is taken as 0 where the other factor is 0, so
+    # the product is 0; every other product, and its gradient, is x * y's. Each factor is
+    # replaced inside the product (the double-where pattern): the gradient of a discarded
+    # inf * 0 branch would be NaN.
+    x, y = inputs
+    x_safe = tf.where(tf.equal(y, 0) & ~tf.math.is_finite(x), tf.zeros_like(x), x)
+    y_safe = tf.where(tf.equal(x, 0) & ~tf.math.is_finite(y), tf.zeros_like(y), y)
+    return [x_safe * y_safe]
+
+
+def _multiply_code(call: str, args: Sequence[str]) -> str:
+    x, y = _two(args)
+    return f"tf.math.multiply_no_nan({x}, {y})"
+
+
 def _reciprocal(inputs: Sequence[tf.Tensor]) -> list[tf.Tensor]:
     (x,) = inputs
     return [tf.math.divide_no_nan(tf.ones_like(x), x)]
@@ -308,6 +325,16 @@ GUARDS: tuple[OpGuard, ...] = (
         _divide,
         _divide_code,
         ("divide", "truediv", "div"),
+    ),
+    OpGuard(
+        "guard_multiply",
+        ("Mul",),
+        "X * Y, a non-finite factor taken as 0 where the other is 0",
+        "inf * 0 is NaN; a product by exactly 0 is 0 whatever the other factor (TensorFlow's "
+        "multiply_no_nan), and every other product and its gradient are unchanged",
+        _multiply,
+        _multiply_code,
+        ("multiply",),
     ),
     OpGuard(
         "guard_reciprocal",
