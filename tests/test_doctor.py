@@ -16,6 +16,7 @@ import tensorflow as tf
 from conftest import TINY_CASE, run_cli
 
 from stability import Recipe, TrainConfig, Trainer
+from stability.commands.push import hunt_push
 from stability.core.errors import CaseError, RemedyError, StabilityError
 from stability.core.failures import Cause
 from stability.core.limits import exp_limits
@@ -29,6 +30,7 @@ from stability.doctor.run import (
     LOCALITY,
     ORIGINAL,
     DoctorRun,
+    Pushed,
     Trial,
     confirmations,
     diagnosed_case,
@@ -38,6 +40,7 @@ from stability.doctor.run import (
     has_headroom_warning,
     median_epoch,
     plan,
+    pushed_trials,
     remedy_budget,
     verdict,
 )
@@ -48,6 +51,7 @@ from stability.report.verdicts import (
     DOES_NOT_HELP,
     FIXES,
     HOLDS_ON_THESE_SEEDS,
+    HOLDS_ON_THIS_DATA,
     NOT_APPLICABLE,
 )
 from stability.sweep.cases import Case, parse_case
@@ -902,6 +906,68 @@ def test_a_fix_must_hold_on_the_fresh_seeds_too():
     assert rows["clip"]["fresh_failure_epochs"] == "1;1;1;1;1;1"
     assert "`float64` held on them too" in "\n".join(lines)
     assert "`clip` (holds on these seeds) failed on at least one of them" in "\n".join(lines)
+
+
+def test_a_fix_must_hold_on_the_pushed_data_too(tmp_path):
+    run = planted_run(
+        {"float64": fine(1.0, 1.0, 1.0), "clip": fine(1.0, 1.0, 1.0), "lower_lr": failing(2)}
+    )
+    with_fresh(run, "float64", fine(1.0, 1.0))
+    with_fresh(run, "clip", fine(1.0, 1.0))
+    asked = []
+
+    def push(case, variant, folder):
+        asked.append((case.name, variant))
+        return Pushed(tmp_path / "pushed.npz", "data pushed in 3 trainings", 0.25)
+
+    made = pushed_trials(run, push)
+    # The original's data is pushed, once; only the fixes are retrained on it, each with
+    # its own remedy and its original seeds, on the npz the push wrote.
+    assert asked == [(run.original.case.name, "raw_e")]
+    assert sorted(t.remedy.name for t in made) == ["clip", "float64"]
+    for trial in made:
+        assert trial.case.dataset == "npz" and trial.case.seeds == (0, 1, 2)
+        assert trial.case.dataset_params["path"] == str(tmp_path / "pushed.npz")
+        assert trial.case.dataset_params["val_fraction"] == 0.25
+    clip = next(t for t in run.trials if t.remedy.name == "clip")
+    float64 = next(t for t in run.trials if t.remedy.name == "float64")
+    assert clip.pushed.case.variants == clip.case.variants
+    assert float64.pushed.case.dtype == "float64"
+    float64.pushed.rows = fine(1.0, 1.0, 1.0)
+    clip.pushed.rows = [*fine(1.0), *failing(3), *fine(1.0)]
+    assert float64.verdict(run.finding) == FIXES
+    assert clip.verdict(run.finding) == HOLDS_ON_THIS_DATA
+    assert run.recommended() is float64
+    rows, lines = report(run)
+    assert rows["clip"]["pushed_failure_epochs"] == ";3;"
+    assert rows["float64"]["pushed_failure_epochs"] == ";;"
+    assert rows["lower_lr"]["pushed_failure_epochs"] == ""
+    text = "\n".join(lines)
+    assert "retrained on data pushed in 3 trainings: `float64` held on it too." in text
+    assert "`clip` (holds on this data) failed on it." in text
+
+
+def test_without_pushed_data_the_report_says_why():
+    run = planted_run({"float64": fine(1.0, 1.0, 1.0)})
+    with_fresh(run, "float64", fine(1.0, 1.0))
+    assert pushed_trials(run, lambda case, variant, folder: Pushed(None, "no data")) == []
+    assert run.trials[0].verdict(run.finding) == FIXES
+    _, lines = report(run)
+    assert "The fixes were not retrained on pushed data: no data." in lines
+    # No fix, no push: nothing is hunted for a failure nobody fixed.
+    nothing = planted_run({"clip": failing(1, 1, 1)})
+    assert pushed_trials(nothing, lambda *a: pytest.fail("pushed without a fix")) == []
+    assert nothing.pushed is None
+
+
+def test_the_hunt_pushes_only_data_it_can_move(tmp_path):
+    push = hunt_push(budget=1)
+    molecules = replace(PLANTED, dataset="zoo_b_hco_molecules")
+    pushed = push(molecules, "raw_e", tmp_path)
+    assert pushed.path is None and "'zoo_b_hco_molecules'" in pushed.text
+    squashed = replace(PLANTED, edge_transform="squashed")
+    assert "transforms them" in push(squashed, "raw_e", tmp_path).text
+    assert not list(tmp_path.iterdir())
 
 
 def test_the_fresh_seeds_follow_the_largest_one_asked_for():

@@ -7,7 +7,14 @@ import argparse
 import sys
 from pathlib import Path
 
-from stability.commands.flags import add_case_argument, add_run_flags, check_writable, run_options
+from stability.commands.flags import (
+    add_case_argument,
+    add_run_flags,
+    check_writable,
+    non_negative_int,
+    run_options,
+)
+from stability.commands.push import PUSH_BUDGET
 from stability.core.errors import StabilityError
 
 #: Exit codes: a remedy fixed the failure (or there was none), no remedy did.
@@ -43,6 +50,16 @@ def add_doctor_parser(sub: argparse._SubParsersAction) -> None:
         default="",
         help="comma-separated variants of your own to try as remedies too",
     )
+    doctor.add_argument(
+        "--push-budget",
+        type=non_negative_int,
+        default=PUSH_BUDGET,
+        metavar="N",
+        help="trainings the hunt may spend pushing the case's data toward an earlier failure, "
+        "on which every fix is then retrained: one that fails there only 'holds on this "
+        f"data' (default: {PUSH_BUDGET}; 0: do not push; only for the generated and "
+        "synthetic data sets)",
+    )
     add_run_flags(
         doctor,
         out_help="folder for <case>.doctor.md, <case>.doctor.csv and <case>.doctor/ "
@@ -53,6 +70,7 @@ def add_doctor_parser(sub: argparse._SubParsersAction) -> None:
 def doctor_command(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
+    from stability.commands.push import hunt_push
     from stability.commands.run import cluster_of, variant_list
     from stability.doctor.report import write_doctor_report
     from stability.doctor.run import doctor
@@ -76,6 +94,7 @@ def doctor_command(args: argparse.Namespace) -> int:
             candidates=candidates,
             cluster=cluster,
             on_stage=lambda text: print(f"doctor: {text}", file=sys.stderr),
+            push=hunt_push(args.push_budget) if args.push_budget else None,
             **run_options(args),
         )
     finally:

@@ -19,6 +19,11 @@ registered remedy (``stability.model.remedies``) and judge each by the written r
    ``FRESH_SEEDS`` fresh seeds too (other initial weights and batch orders; the seeds after
    the largest asked for). It ``fixes`` only if they do not fail either; else its verdict
    over all its runs is ``delays`` by the rule above, or ``holds on these seeds``.
+6. **Beyond the data** (``follow_through`` with a ``push``): for a case whose data can be
+   pushed (the command line passes the hunt's soonest search, ``stability.explore``; the
+   doctor imports no other feature), the original variant's data is pushed toward an
+   earlier failure, and every fix that held on the fresh seeds is retrained on the pushed
+   data, its original seeds. One that fails there ``holds on this data``.
 
 Each remedy's runs are an ordinary case in the doctor's folder (``<case>__<remedy>.csv`` and
 its store), so ``--resume``, ``--workers`` and Ray work as for ``run``.
@@ -56,6 +61,7 @@ from stability.report.verdicts import (
     DOES_NOT_HELP,
     FIXES,
     HOLDS_ON_THESE_SEEDS,
+    HOLDS_ON_THIS_DATA,
     NOT_APPLICABLE,
     delays,
 )
@@ -100,6 +106,8 @@ MAX_GUARDS = 3
 FRESH_SEEDS = 2
 #: What a trial's fresh seeds' case is called after its own.
 FRESH_MARK = "__fresh"
+#: What a trial's case on the pushed data is called after its own.
+PUSHED_MARK = "__pushed"
 
 #: The variant as it is: the trial whose runs the failure is read from.
 ORIGINAL = Remedy("original", "original", "the variant as it is", "")
@@ -231,6 +239,9 @@ class Trial:
     sites: list[Site] = field(default_factory=list)
     #: The runs on fresh seeds (``confirmations``), once trained: only a fix has them.
     fresh: Trial | None = None
+    #: The runs on the pushed data (``pushed_trials``), once trained: only a fix that held
+    #: on the fresh seeds has them.
+    pushed: Trial | None = None
     #: Whether ``follow_ups`` has looked at this trial's failure already.
     followed: bool = False
 
@@ -246,6 +257,8 @@ class Trial:
             return found
         every = [*self.rows, *self.fresh.rows]
         if self._verdict(finding, every) == FIXES:
+            if self.pushed is not None and any(e is not None for e in self.pushed.epochs):
+                return HOLDS_ON_THIS_DATA
             return FIXES
         epochs = [failure_epoch(row) for row in every]
         return (
@@ -280,6 +293,8 @@ class DoctorRun:
     #: +-Inf, and how many graphs the data has.
     bad_input: list[tuple[str, str]] = field(default_factory=list)
     num_graphs: int = 0
+    #: The data pushed toward the failure that the fixes were retrained on (``push``).
+    pushed: Pushed | None = None
 
     def fixes(self) -> list[Trial]:
         """The trials that fix the failure, the recommended first (``recommendation``)."""
@@ -580,6 +595,44 @@ def confirmations(runs: Sequence[DoctorRun]) -> list[Trial]:
     return made
 
 
+@dataclass(frozen=True)
+class Pushed:
+    """Data pushed toward the failure: the ``.npz`` of its graphs (None: not pushed),
+    what it is or why there is none, in words, and its ``val_fraction``."""
+
+    path: Path | None
+    text: str
+    val_fraction: float = 0.2
+
+
+#: ``push(case, variant, folder)``: data on which ``variant`` fails sooner than on
+#: ``case``'s own, written into ``folder``, or why there is none.
+Push = Callable[[Case, str, Path], Pushed]
+
+
+def pushed_trials(run: DoctorRun, push: Push) -> list[Trial]:
+    """For every fix of ``run`` that held on its fresh seeds, its trial on the data
+    ``push`` makes (attached to it as ``pushed``), not yet trained; none when there is no
+    such fix or no pushed data (``run.pushed`` says why)."""
+    fixes = [t for t in run.trials if t.case is not None and t.verdict(run.finding) == FIXES]
+    if not fixes:
+        return []
+    run.pushed = push(run.original.case, run.variant, run.original.folder)
+    if run.pushed.path is None:
+        return []
+    params = {"path": str(run.pushed.path), "seed": 0, "val_fraction": run.pushed.val_fraction}
+    for trial in fixes:
+        case = replace(
+            trial.case,
+            name=trial.case.name + PUSHED_MARK,
+            dataset="npz",
+            dataset_params=params,
+            num_datasets=1,
+        )
+        trial.pushed = Trial(trial.remedy, case, trial.folder)
+    return [t.pushed for t in fixes]
+
+
 #: ``train(trials, desc)``: ``train_trials`` with a doctor's sweep options bound, a run that
 #: raises making its trial not applicable.
 Train = Callable[[Sequence[Trial], str], None]
@@ -596,10 +649,16 @@ def tolerant(
     return train
 
 
-def follow_through(runs: Sequence[DoctorRun], train: Train, say: Callable[[str], None]) -> None:
+def follow_through(
+    runs: Sequence[DoctorRun],
+    train: Train,
+    say: Callable[[str], None],
+    push: Push | None = None,
+) -> None:
     """After the remedies' runs: repair ops that fail in turn (``follow_ups``), one
-    retraining per round, then train every fix's fresh seeds (``confirmations``), so that
-    its verdict covers them."""
+    retraining per round, then train every fix's fresh seeds (``confirmations``), then,
+    with ``push``, every fix that held on them on the pushed data (``pushed_trials``), so
+    that its verdict covers them."""
     for _ in range(MAX_GUARDS - 1):
         made = [t for run in runs for t in follow_ups(run)]
         if not made:
@@ -611,6 +670,15 @@ def follow_through(runs: Sequence[DoctorRun], train: Train, say: Callable[[str],
         seeds = ", ".join(map(str, fresh[0].case.seeds))
         say(f"confirming {len(fresh)} fixes on fresh seeds ({seeds} for the first)")
         train(fresh, "fresh")
+    if push is None:
+        return
+    for run in runs:
+        made = pushed_trials(run, push)
+        if made:
+            say(f"retraining {len(made)} fixes on {run.pushed.text}")
+            train(made, "pushed")
+        elif run.pushed is not None:
+            say(f"no pushed data: {run.pushed.text}")
 
 
 def begin(case: Case, variant: str, out: Path, seeds: Sequence[int] | None = None) -> DoctorRun:
@@ -649,9 +717,11 @@ def doctor(
     workers: int = 1,
     cluster: RayCluster | None = None,
     on_stage: Callable[[str], None] | None = None,
+    push: Push | None = None,
 ) -> DoctorRun:
     """Diagnose ``variant`` on ``case``, then train and judge every remedy (module docstring).
-    The runs go to ``out`` (one store per trial)."""
+    The runs go to ``out`` (one store per trial); ``push`` makes the data the fixes are
+    tried on beyond the case's own (none: they are not)."""
     say = on_stage or (lambda text: None)
     for name in candidates:
         get_variant(name)
@@ -665,7 +735,7 @@ def doctor(
         say(f"{run.finding.symptom}: rerunning {applicable} remedies for {run.budget} epochs")
         train = tolerant(progress, resume, overwrite, workers, cluster)
         train(run.trials, "remedies")
-        follow_through([run], train, say)
+        follow_through([run], train, say, push)
     return run
 
 
@@ -676,6 +746,7 @@ def doctor_many(
     overwrite: bool = False,
     workers: int = 1,
     on_stage: Callable[[str], None] | None = None,
+    push: Push | None = None,
 ) -> list[DoctorRun]:
     """A doctor for each ``(case, variant, out)``, every doctor's runs in one sweep: all the
     originals, then all the remedies, so ``workers`` stay busy across doctors (the zoo's)."""
@@ -689,5 +760,5 @@ def doctor_many(
     say(f"rerunning {sum(t.case is not None for t in trials)} remedies")
     train = tolerant(progress, resume, overwrite, workers, None)
     train(trials, "remedies")
-    follow_through(runs, train, say)
+    follow_through(runs, train, say, push)
     return runs
