@@ -40,7 +40,7 @@ from stability.doctor.run import (
     has_headroom_warning,
     median_epoch,
     plan,
-    pushed_trials,
+    push_fixes,
     remedy_budget,
     verdict,
 )
@@ -54,8 +54,8 @@ from stability.report.verdicts import (
     HOLDS_ON_THIS_DATA,
     NOT_APPLICABLE,
 )
-from stability.sweep.cases import Case, parse_case
-from stability.sweep.runner import case_datasets, execute_runs, run_configs
+from stability.sweep.cases import Case, load_case, parse_case
+from stability.sweep.runner import case_datasets, execute_runs, run_case, run_configs
 
 ROOT = Path(__file__).resolve().parent.parent
 OVERFLOW, UNDERFLOW = Cause.FORWARD_OVERFLOW.value, Cause.FORWARD_UNDERFLOW.value
@@ -910,64 +910,77 @@ def test_a_fix_must_hold_on_the_fresh_seeds_too():
 
 def test_a_fix_must_hold_on_the_pushed_data_too(tmp_path):
     run = planted_run(
-        {"float64": fine(1.0, 1.0, 1.0), "clip": fine(1.0, 1.0, 1.0), "lower_lr": failing(2)}
+        {
+            "float64": fine(1.0, 1.0, 1.0),
+            "clip": fine(1.0, 1.0, 1.0),
+            "larger_batch": fine(2.0, 2.0, 2.0),
+            "lower_lr": failing(2),
+        }
     )
-    with_fresh(run, "float64", fine(1.0, 1.0))
-    with_fresh(run, "clip", fine(1.0, 1.0))
+    for name in ("float64", "clip", "larger_batch"):
+        with_fresh(run, name, fine(1.0, 1.0))
+    assert [t.remedy.name for t in run.fixes()] == ["clip", "larger_batch", "float64"]
     asked = []
 
-    def push(case, variant, folder):
-        asked.append((case.name, variant))
-        return Pushed(tmp_path / "pushed.npz", "data pushed in 3 trainings", 0.25)
+    def push(case, folder):
+        asked.append(case.variants[0])
+        if case.batch_sizes != (16,):  # larger_batch holds; every other fix breaks
+            return Pushed(False, "held through the hunt's 3 trainings")
+        return Pushed(True, "failed at epoch 2", tmp_path / f"{case.name}.npz")
 
-    made = pushed_trials(run, push)
-    # The original's data is pushed, once; only the fixes are retrained on it, each with
-    # its own remedy and its original seeds, on the npz the push wrote.
-    assert asked == [(run.original.case.name, "raw_e")]
-    assert sorted(t.remedy.name for t in made) == ["clip", "float64"]
-    for trial in made:
-        assert trial.case.dataset == "npz" and trial.case.seeds == (0, 1, 2)
-        assert trial.case.dataset_params["path"] == str(tmp_path / "pushed.npz")
-        assert trial.case.dataset_params["val_fraction"] == 0.25
-    clip = next(t for t in run.trials if t.remedy.name == "clip")
-    float64 = next(t for t in run.trials if t.remedy.name == "float64")
-    assert clip.pushed.case.variants == clip.case.variants
-    assert float64.pushed.case.dtype == "float64"
-    float64.pushed.rows = fine(1.0, 1.0, 1.0)
-    clip.pushed.rows = [*fine(1.0), *failing(3), *fine(1.0)]
-    assert float64.verdict(run.finding) == FIXES
+    pushed = push_fixes(run, push)
+    # In the order recommended, until one holds: float64 is never pushed.
+    assert [t.remedy.name for t in pushed] == ["clip", "larger_batch"]
+    assert asked == [t.case.variants[0] for t in pushed]
+    clip, larger = pushed
     assert clip.verdict(run.finding) == HOLDS_ON_THIS_DATA
-    assert run.recommended() is float64
+    assert larger.verdict(run.finding) == FIXES
+    assert run.recommended() is larger
     rows, lines = report(run)
-    assert rows["clip"]["pushed_failure_epochs"] == ";3;"
-    assert rows["float64"]["pushed_failure_epochs"] == ";;"
-    assert rows["lower_lr"]["pushed_failure_epochs"] == ""
-    text = "\n".join(lines)
-    assert "retrained on data pushed in 3 trainings: `float64` held on it too." in text
-    assert "`clip` (holds on this data) failed on it." in text
+    assert rows["clip"]["verdict"] == HOLDS_ON_THIS_DATA
+    assert rows["clip"]["pushed"] == "failed at epoch 2"
+    assert rows["float64"]["pushed"] == "" and rows["float64"]["verdict"] == FIXES
+    assert (
+        "The fixes, in the order recommended, were then pushed by the hunt, until one held: "
+        "`clip` failed at epoch 2; `larger_batch` held through the hunt's 3 trainings."
+    ) in lines
 
 
-def test_without_pushed_data_the_report_says_why():
+def test_when_every_pushed_fix_fails_the_report_says_none_held():
     run = planted_run({"float64": fine(1.0, 1.0, 1.0)})
     with_fresh(run, "float64", fine(1.0, 1.0))
-    assert pushed_trials(run, lambda case, variant, folder: Pushed(None, "no data")) == []
-    assert run.trials[0].verdict(run.finding) == FIXES
+    push_fixes(run, lambda case, folder: Pushed(True, "failed at epoch 1"))
+    assert run.recommended() is None
     _, lines = report(run)
-    assert "The fixes were not retrained on pushed data: no data." in lines
-    # No fix, no push: nothing is hunted for a failure nobody fixed.
+    assert "No fix held on the data the hunt pushed." in "\n".join(lines)
+    # No fix, nothing pushed.
     nothing = planted_run({"clip": failing(1, 1, 1)})
-    assert pushed_trials(nothing, lambda *a: pytest.fail("pushed without a fix")) == []
-    assert nothing.pushed is None
+    assert push_fixes(nothing, lambda *a: pytest.fail("pushed without a fix")) == []
 
 
 def test_the_hunt_pushes_only_data_it_can_move(tmp_path):
     push = hunt_push(budget=1)
     molecules = replace(PLANTED, dataset="zoo_b_hco_molecules")
-    pushed = push(molecules, "raw_e", tmp_path)
-    assert pushed.path is None and "'zoo_b_hco_molecules'" in pushed.text
+    pushed = push(molecules, tmp_path)
+    assert not pushed.tried and "'zoo_b_hco_molecules'" in pushed.text
     squashed = replace(PLANTED, edge_transform="squashed")
-    assert "transforms them" in push(squashed, "raw_e", tmp_path).text
+    assert "transforms them" in push(squashed, tmp_path).text
     assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.slow
+def test_the_hunt_breaks_a_fix_on_data_it_pushes_and_writes_that_data(tmp_path):
+    """The seed's accepted fix, the weight-constrained Net, holds on cases/hunt.toml's own
+    data at seed 0, and the hunt pushes the distances until it fails (docs/hunt.md); the
+    data it failed on is written as a data set that reproduces it."""
+    case = replace(load_case(ROOT / "cases" / "hunt.toml"), variants=("weight_constrained",))
+    case = replace(case, seeds=(0,))
+    pushed = hunt_push(budget=3)(case, tmp_path)
+    assert pushed.tried and pushed.failed, pushed.text
+    assert pushed.text.startswith("failed at epoch ") and "of the hunt's training" in pushed.text
+    assert pushed.path == tmp_path / "hunt_hunt_weight_constrained.toml"
+    (row,) = [r.row() for r in run_case(load_case(pushed.path), progress=False)]
+    assert row["first_nan_epoch"] is not None, "the written case does not break the fix"
 
 
 def test_the_fresh_seeds_follow_the_largest_one_asked_for():

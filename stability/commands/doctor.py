@@ -74,6 +74,7 @@ def doctor_command(args: argparse.Namespace) -> int:
     from stability.commands.run import cluster_of, variant_list
     from stability.doctor.report import write_doctor_report
     from stability.doctor.run import doctor
+    from stability.sweep.case_file import absolute_plugins
     from stability.sweep.cases import load_case
 
     case = load_case(args.case, args.overrides)
@@ -85,6 +86,7 @@ def doctor_command(args: argparse.Namespace) -> int:
     runs = args.out / f"{case.name}.doctor"
     _check_fresh(runs, args)
     cluster = cluster_of([case], args)
+    plugins = absolute_plugins(case, args.case, args.plugin)
     try:
         result = doctor(
             case,
@@ -94,7 +96,7 @@ def doctor_command(args: argparse.Namespace) -> int:
             candidates=candidates,
             cluster=cluster,
             on_stage=lambda text: print(f"doctor: {text}", file=sys.stderr),
-            push=hunt_push(args.push_budget) if args.push_budget else None,
+            push=hunt_push(args.push_budget, plugins) if args.push_budget else None,
             **run_options(args),
         )
     finally:

@@ -45,9 +45,9 @@ DOCTOR_FIELDS = (
     # their failure epochs (empty: no failure within the budget).
     "fresh_seeds",
     "fresh_failure_epochs",
-    # Appended (issue 45): a fix's failure epochs on the data pushed toward the failure
-    # (empty: no failure), its original seeds' order; empty when it was not retrained there.
-    "pushed_failure_epochs",
+    # Appended (issue 45): what pushing a fix's data toward its limits did, in words
+    # (``failed ...``, ``held ...`` or ``not pushed: ...``); empty when it was not pushed.
+    "pushed",
 )
 
 
@@ -89,15 +89,8 @@ def trial_row(run: DoctorRun, trial: Trial, case_path: str) -> dict[str, str]:
         "fix_class": trial.remedy.fix_class,
         "code_fix": run.code_fix_text(trial),
         **_fresh_cells(trial),
-        "pushed_failure_epochs": _pushed_cell(trial),
+        "pushed": trial.pushed.text if trial.pushed is not None else "",
     }
-
-
-def _pushed_cell(trial: Trial) -> str:
-    pushed = trial.pushed
-    if pushed is None or pushed.case is None or not pushed.rows:
-        return ""
-    return ";".join("" if e is None else str(e) for e in pushed.epochs)
 
 
 def _fresh_cells(trial: Trial) -> dict[str, str]:
@@ -363,7 +356,7 @@ def _fix(run: DoctorRun, rows: Sequence[dict[str, str]]) -> list[str]:
         lines += ["", f"In your code: {best.remedy.code}.", "", "Its runs, again:", ""]
         lines += ["```bash", row["command"], "```"]
     lines += _fresh_sentences(rows)
-    lines += _pushed_sentences(run, rows)
+    lines += _pushed_sentences(run)
     tried = [r for r in rows if r["verdict"] != NOT_APPLICABLE and r["family"] != "candidate"]
     held = [r for r in tried if r["expected"] == "cannot help" and r["verdict"] != FIXES]
     surprises = [r for r in tried if r["expected"] == "cannot help" and r["verdict"] == FIXES]
@@ -412,26 +405,18 @@ def _fresh_sentences(rows: Sequence[dict[str, str]]) -> list[str]:
     return ["", " ".join(lines[1:])]
 
 
-def _pushed_sentences(run: DoctorRun, rows: Sequence[dict[str, str]]) -> list[str]:
-    """Which fixes held on the data pushed toward the failure, and which did not; or why
-    there was no such data."""
-    if run.pushed is None:
+def _pushed_sentences(run: DoctorRun) -> list[str]:
+    """What pushing the fixes' data toward their limits did, fix by fix, in the order they
+    were pushed (``push_fixes``)."""
+    if not run.pushed:
         return []
-    if run.pushed.path is None:
-        return ["", f"The fixes were not retrained on pushed data: {run.pushed.text}."]
-    tried = [r for r in rows if r["remedy"] in _pushed_names(run)]
-    held = [r for r in tried if not r["pushed_failure_epochs"].replace(";", "")]
-    failed = [r for r in tried if r not in held]
-    lines = [f"Every fix that held on the fresh seeds was retrained on {run.pushed.text}:"]
-    if held:
-        lines.append(f"{_names(held)} held on it too.")
-    if failed:
-        lines.append(f"{_names(failed, True)} failed on it.")
+    told = "; ".join(f"`{t.remedy.name}` {t.pushed.text}" for t in run.pushed)
+    held = any(t.pushed.tried and not t.pushed.failed for t in run.pushed)
+    until = ", until one held" if held else ""
+    lines = [f"The fixes, in the order recommended, were then pushed by the hunt{until}: {told}."]
+    if not held and any(t.pushed.tried for t in run.pushed):
+        lines.append("No fix held on the data the hunt pushed.")
     return ["", " ".join(lines)]
-
-
-def _pushed_names(run: DoctorRun) -> set[str]:
-    return {t.remedy.name for t in run.trials if t.pushed is not None and t.pushed.rows}
 
 
 #: The comments around the rendered table in docs/doctor.md (``with_remedy_table``).

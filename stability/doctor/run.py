@@ -19,11 +19,11 @@ registered remedy (``stability.model.remedies``) and judge each by the written r
    ``FRESH_SEEDS`` fresh seeds too (other initial weights and batch orders; the seeds after
    the largest asked for). It ``fixes`` only if they do not fail either; else its verdict
    over all its runs is ``delays`` by the rule above, or ``holds on these seeds``.
-6. **Beyond the data** (``follow_through`` with a ``push``): for a case whose data can be
-   pushed (the command line passes the hunt's soonest search, ``stability.explore``; the
-   doctor imports no other feature), the original variant's data is pushed toward an
-   earlier failure, and every fix that held on the fresh seeds is retrained on the pushed
-   data, its original seeds. One that fails there ``holds on this data``.
+6. **Beyond the data** (``follow_through`` with a ``push``): the fixes that held on the
+   fresh seeds, in the order they are recommended, are each pushed, until one holds: the
+   command line passes the hunt (``stability.explore``; the doctor imports no other
+   feature), which climbs the remedied variant's own margins toward its limits, moving the
+   data, for a few trainings. A fix it breaks ``holds on this data``; the next is pushed.
 
 Each remedy's runs are an ordinary case in the doctor's folder (``<case>__<remedy>.csv`` and
 its store), so ``--resume``, ``--workers`` and Ray work as for ``run``.
@@ -106,8 +106,6 @@ MAX_GUARDS = 3
 FRESH_SEEDS = 2
 #: What a trial's fresh seeds' case is called after its own.
 FRESH_MARK = "__fresh"
-#: What a trial's case on the pushed data is called after its own.
-PUSHED_MARK = "__pushed"
 
 #: The variant as it is: the trial whose runs the failure is read from.
 ORIGINAL = Remedy("original", "original", "the variant as it is", "")
@@ -239,9 +237,9 @@ class Trial:
     sites: list[Site] = field(default_factory=list)
     #: The runs on fresh seeds (``confirmations``), once trained: only a fix has them.
     fresh: Trial | None = None
-    #: The runs on the pushed data (``pushed_trials``), once trained: only a fix that held
-    #: on the fresh seeds has them.
-    pushed: Trial | None = None
+    #: What pushing its data toward its limits did (``push_fixes``): only a fix that held
+    #: on the fresh seeds is pushed, in the order of the recommendation, until one holds.
+    pushed: Pushed | None = None
     #: Whether ``follow_ups`` has looked at this trial's failure already.
     followed: bool = False
 
@@ -257,7 +255,7 @@ class Trial:
             return found
         every = [*self.rows, *self.fresh.rows]
         if self._verdict(finding, every) == FIXES:
-            if self.pushed is not None and any(e is not None for e in self.pushed.epochs):
+            if self.pushed is not None and self.pushed.failed:
                 return HOLDS_ON_THIS_DATA
             return FIXES
         epochs = [failure_epoch(row) for row in every]
@@ -293,8 +291,8 @@ class DoctorRun:
     #: +-Inf, and how many graphs the data has.
     bad_input: list[tuple[str, str]] = field(default_factory=list)
     num_graphs: int = 0
-    #: The data pushed toward the failure that the fixes were retrained on (``push``).
-    pushed: Pushed | None = None
+    #: The fixes whose data was pushed toward their limits, in the order they were pushed.
+    pushed: list[Trial] = field(default_factory=list)
 
     def fixes(self) -> list[Trial]:
         """The trials that fix the failure, the recommended first (``recommendation``)."""
@@ -597,40 +595,31 @@ def confirmations(runs: Sequence[DoctorRun]) -> list[Trial]:
 
 @dataclass(frozen=True)
 class Pushed:
-    """Data pushed toward the failure: the ``.npz`` of its graphs (None: not pushed),
-    what it is or why there is none, in words, and its ``val_fraction``."""
+    """What pushing a fix's data toward its limits did: whether a run on the pushed data
+    failed, in words (where it failed and on what data, or why it was not pushed), and the
+    case file that trains the data it failed on (None: it did not fail)."""
 
-    path: Path | None
+    failed: bool
     text: str
-    val_fraction: float = 0.2
+    path: Path | None = None
+    #: Whether the data could be pushed at all (a data set the push cannot move: False).
+    tried: bool = True
 
 
-#: ``push(case, variant, folder)``: data on which ``variant`` fails sooner than on
-#: ``case``'s own, written into ``folder``, or why there is none.
-Push = Callable[[Case, str, Path], Pushed]
+#: ``push(case, folder)``: push the data of ``case`` (a fix's, one variant) toward the
+#: limits of its variant, writing what breaks it into ``folder``.
+Push = Callable[[Case, Path], Pushed]
 
 
-def pushed_trials(run: DoctorRun, push: Push) -> list[Trial]:
-    """For every fix of ``run`` that held on its fresh seeds, its trial on the data
-    ``push`` makes (attached to it as ``pushed``), not yet trained; none when there is no
-    such fix or no pushed data (``run.pushed`` says why)."""
-    fixes = [t for t in run.trials if t.case is not None and t.verdict(run.finding) == FIXES]
-    if not fixes:
-        return []
-    run.pushed = push(run.original.case, run.variant, run.original.folder)
-    if run.pushed.path is None:
-        return []
-    params = {"path": str(run.pushed.path), "seed": 0, "val_fraction": run.pushed.val_fraction}
-    for trial in fixes:
-        case = replace(
-            trial.case,
-            name=trial.case.name + PUSHED_MARK,
-            dataset="npz",
-            dataset_params=params,
-            num_datasets=1,
-        )
-        trial.pushed = Trial(trial.remedy, case, trial.folder)
-    return [t.pushed for t in fixes]
+def push_fixes(run: DoctorRun, push: Push) -> list[Trial]:
+    """Push the fixes of ``run`` (``fixes``: those that held on the fresh seeds, the
+    recommended first) one by one until one holds; the pushed trials, in order."""
+    for trial in run.fixes():
+        trial.pushed = push(trial.case, trial.folder)
+        run.pushed.append(trial)
+        if trial.pushed.tried and not trial.pushed.failed:
+            break
+    return run.pushed
 
 
 #: ``train(trials, desc)``: ``train_trials`` with a doctor's sweep options bound, a run that
@@ -657,8 +646,8 @@ def follow_through(
 ) -> None:
     """After the remedies' runs: repair ops that fail in turn (``follow_ups``), one
     retraining per round, then train every fix's fresh seeds (``confirmations``), then,
-    with ``push``, every fix that held on them on the pushed data (``pushed_trials``), so
-    that its verdict covers them."""
+    with ``push``, push the fixes that held on them (``push_fixes``), so that each verdict
+    covers them."""
     for _ in range(MAX_GUARDS - 1):
         made = [t for run in runs for t in follow_ups(run)]
         if not made:
@@ -673,12 +662,10 @@ def follow_through(
     if push is None:
         return
     for run in runs:
-        made = pushed_trials(run, push)
-        if made:
-            say(f"retraining {len(made)} fixes on {run.pushed.text}")
-            train(made, "pushed")
-        elif run.pushed is not None:
-            say(f"no pushed data: {run.pushed.text}")
+        if run.fixes():
+            say(f"pushing the data of {run.variant}'s fixes toward their limits")
+        for trial in push_fixes(run, push):
+            say(f"{trial.remedy.name}: {trial.pushed.text}")
 
 
 def begin(case: Case, variant: str, out: Path, seeds: Sequence[int] | None = None) -> DoctorRun:
