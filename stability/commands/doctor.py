@@ -31,8 +31,9 @@ def add_doctor_parser(sub: argparse._SubParsersAction) -> None:
         "batch, float64, standardized or squashed edge distances, a kernel constraint, the "
         "stable softmax, a logit cap, a guard at the failing op such as an epsilon in its "
         "sqrt or a division that is 0 where its denominator is, and --candidates) for at "
-        "least 3 times the failure epoch, and judge each: fixes (on fresh seeds too), "
-        "delays or does not help (docs/doctor.md). A guard that fixes is printed as the "
+        "least 3 times the failure epoch, and judge each: fixes (on fresh seeds too, and "
+        "on data the hunt pushes toward its limits), delays or does not help "
+        "(docs/doctor.md). A guard that fixes is printed as the "
         "line of your code to change. Writes <case>.doctor.md and <case>.doctor.csv into "
         "--out, and every remedy's runs into <out>/<case>.doctor/. Exit 0 when a remedy "
         "fixes the failure (or there is none), 1 when none does, 2 on bad input.",
@@ -55,10 +56,10 @@ def add_doctor_parser(sub: argparse._SubParsersAction) -> None:
         type=non_negative_int,
         default=PUSH_BUDGET,
         metavar="N",
-        help="trainings the hunt may spend pushing the case's data toward an earlier failure, "
-        "on which every fix is then retrained: one that fails there only 'holds on this "
-        f"data' (default: {PUSH_BUDGET}; 0: do not push; only for the generated and "
-        "synthetic data sets)",
+        help="trainings the hunt may spend on each fix, moving the data toward the fix's "
+        "limits; a fix it breaks only 'holds on this data', and the next is pushed, until "
+        f"one holds (default: {PUSH_BUDGET}; 0: do not push; the generated and synthetic "
+        "data sets only)",
     )
     add_run_flags(
         doctor,
