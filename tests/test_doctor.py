@@ -44,7 +44,14 @@ from stability.doctor.run import (
     remedy_budget,
     verdict,
 )
-from stability.model.remedy import DIVERGENCE, HEADROOM, SYMPTOMS, get_remedy, list_remedies
+from stability.model.remedy import (
+    DIVERGENCE,
+    HEADROOM,
+    SYMPTOMS,
+    WEIGHT_GROWTH,
+    get_remedy,
+    list_remedies,
+)
 from stability.model.variants import get_variant, register_variant
 from stability.report.verdicts import (
     DELAYS,
@@ -981,6 +988,29 @@ def test_the_hunt_breaks_a_fix_on_data_it_pushes_and_writes_that_data(tmp_path):
     assert pushed.path == tmp_path / "hunt_hunt_weight_constrained.toml"
     (row,) = [r.row() for r in run_case(load_case(pushed.path), progress=False)]
     assert row["first_nan_epoch"] is not None, "the written case does not break the fix"
+
+
+def test_a_forward_overflow_at_a_matmul_is_read_as_weight_growth():
+    """An Inf first made by a MatMul is the updates' growth, not an exp's: the table then
+    expects the step's bounds to help (b_pointgnn_sgd, fixed by clipping), not the exp
+    remedies; an overflow at an Exp keeps the exp table."""
+    run = planted_run({"clip": fine(1.0, 1.0, 1.0), "float64": failing(1, 1, 1)})
+    assert run.finding.table_symptom == Cause.FORWARD_OVERFLOW.value
+    rows, _ = report(run)
+    assert rows["clip"]["expected"] == "cannot help" and rows["float64"]["expected"] == "helps"
+    matmul = [{**r, "first_nan_op": "MatMul (dense_10/MatMul)"} for r in run.original.rows]
+    run.original.rows = matmul
+    run.finding = find(matmul)
+    assert run.finding.symptom == Cause.FORWARD_OVERFLOW.value
+    assert run.finding.table_symptom == WEIGHT_GROWTH
+    rows, lines = report(run)
+    assert rows["clip"]["expected"] == "helps" and rows["float64"]["expected"] == "cannot help"
+    assert rows["clip"]["reason"] == get_remedy("clip").helps[WEIGHT_GROWTH]
+    assert line(lines, "The forward overflow is at MatMul, which only multiplies and adds")
+    assert "Symptom: **forward overflow**" in "\n".join(lines)
+    # An op that is not linear keeps the cause's own table.
+    both = [{**r, "first_nan_op": "MatMul (m) gradient: ExpGrad"} for r in matmul]
+    assert find(both).table_symptom == Cause.FORWARD_OVERFLOW.value
 
 
 def test_the_fresh_seeds_follow_the_largest_one_asked_for():

@@ -61,7 +61,7 @@ def _epoch(value: float) -> str:
 
 def trial_row(run: DoctorRun, trial: Trial, case_path: str) -> dict[str, str]:
     """One remedy's ``<case>.doctor.csv`` row."""
-    symptom = run.finding.symptom or ""
+    symptom = run.finding.table_symptom
     verdict = trial.verdict(run.finding)
     applied = trial.case is not None and bool(trial.rows)
     epochs = trial.epochs if applied else []
@@ -255,12 +255,19 @@ def _budget_sentence(run: DoctorRun) -> str:
 
 
 def _why(run: DoctorRun, rows: Sequence[dict[str, str]]) -> list[str]:
-    symptom = run.finding.symptom
+    symptom = run.finding.table_symptom
     other_ops = [r for r in rows if _guard_of_another_op(r)]
     rows = [r for r in rows if r not in other_ops]
     helps = [r for r in rows if r["expected"] == "helps" and r["family"] != "candidate"]
     cannot = [r for r in rows if r["expected"] == "cannot help"]
     lines = [f"The doctor's table (docs/doctor.md) for **{symptom}**:", ""]
+    if symptom != run.finding.symptom:
+        named = ", ".join(run.finding.ops)
+        lines[0] = (
+            f"The {run.finding.symptom} is at {named}, which only multiplies and adds: no "
+            f"exp made that Inf, so the doctor's table (docs/doctor.md) is read for "
+            f"**{symptom}**:"
+        )
     if other_ops:
         named = ", ".join(run.finding.ops) or "no op"
         lines += [
@@ -290,7 +297,7 @@ def _guard_of_another_op(row: dict[str, str]) -> bool:
 def run_reason(run: DoctorRun, row: dict[str, str]) -> str:
     """The table's reason for a remedy (its why-not, for one that cannot apply)."""
     trial = next(t for t in run.trials if t.remedy.name == row["remedy"])
-    return trial.remedy.reason(run.finding.symptom or "")
+    return trial.remedy.reason(run.finding.table_symptom)
 
 
 def _table(run: DoctorRun, rows: Sequence[dict[str, str]]) -> list[str]:

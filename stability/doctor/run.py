@@ -51,6 +51,7 @@ from stability.model.remedy import (
     HEADROOM,
     OP_GUARD,
     REMEDY_MARK,
+    WEIGHT_GROWTH,
     Remedy,
     list_remedies,
     remedied_name,
@@ -181,6 +182,34 @@ class Finding:
         """The op types the failure names (``failing_ops``)."""
         return failing_ops(str((self.first or {}).get("first_nan_op") or ""))
 
+    @property
+    def table_symptom(self) -> str:
+        """The symptom the doctor's table is read by: the symptom, except that a forward
+        overflow at linear ops only (``LINEAR_OPS``) is ``WEIGHT_GROWTH``: no ``exp`` made
+        that Inf, so the exp remedies are not what the table expects to help."""
+        symptom = self.symptom or ""
+        if symptom == Cause.FORWARD_OVERFLOW.value and self.ops and set(self.ops) <= LINEAR_OPS:
+            return WEIGHT_GROWTH
+        return symptom
+
+
+#: Ops that only multiply and add what they are given: an Inf out of finite inputs at one
+#: of them is a sum too large for the dtype, of grown weights or activations.
+LINEAR_OPS = frozenset(
+    {
+        "MatMul",
+        "BatchMatMulV2",
+        "BatchMatMulV3",
+        "BiasAdd",
+        "Add",
+        "AddV2",
+        "AddN",
+        "Sum",
+        "Einsum",
+        "Conv2D",
+        "UnsortedSegmentSum",
+    }
+)
 
 _OP_TYPE = re.compile(r"\b([A-Z]\w*) \(")
 _GRADIENT_OP = re.compile(r"gradient: (\w+)")

@@ -38,6 +38,7 @@ from stability.model.remedy import (
     DIVERGENCE,
     HEADROOM,
     OP_GUARD,
+    WEIGHT_GROWTH,
     CaseLike,
     Target,
     case_remedy,
@@ -113,6 +114,8 @@ def rebuilt_optimizer(optimizer: keras.optimizers.Optimizer, **changes: Any):
         Cause.GRADIENT_EXPLOSION.value: "bounds the step a huge gradient makes",
         Cause.OPTIMIZER.value: "a bounded gradient keeps Adam's moments g and g*g finite",
         DIVERGENCE: "bounds each update, so one bad batch cannot undo the training",
+        WEIGHT_GROWTH: "each update is at most the learning rate times the clip norm, so "
+        "one large gradient cannot grow the weights past what a layer's sum can hold",
     },
     cannot="it acts on the gradients after the forward pass and the loss are computed; "
     "no forward value changes, so the weights still drift to where the forward pass "
@@ -155,7 +158,11 @@ def _takes_learning_rate(target: Target) -> str | None:
     family="optimizer",
     label=f"learning rate divided by {LR_FACTOR:g}",
     code=f"keras.optimizers.Adam(learning_rate / {LR_FACTOR:g}), or learning_rates in the case",
-    helps={DIVERGENCE: "smaller steps keep the optimizer from overshooting"},
+    helps={
+        DIVERGENCE: "smaller steps keep the optimizer from overshooting",
+        WEIGHT_GROWTH: "a step too large for the network's curvature overshoots and grows "
+        "the weights; a smaller one stays where the steps shrink the loss",
+    },
     cannot="every step is scaled alike, so the weights drift to the same failing place "
     f"{LR_FACTOR:g} times more slowly: it can delay that failure, not remove it",
     applies=_takes_learning_rate,
@@ -337,6 +344,8 @@ def self_loops(case: CaseLike) -> bool:
         Cause.GRADIENT_EXPLOSION.value: "bounded kernels bound the activations the "
         "gradient is made of",
         DIVERGENCE: "bounded kernels cannot run away",
+        WEIGHT_GROWTH: "a kernel of norm at most 1 cannot grow, so a Dense layer's output is "
+        "bounded by its input's norm",
     },
     cannot="it bounds the kernels, not the inputs or the ops after them",
     takes_layer=True,
