@@ -209,3 +209,32 @@ def test_the_committed_spreads_rewrite_themselves_from_their_own_rows(tmp_path):
         for suffix in (".spread.csv", ".spread.md"):
             written = (tmp_path / f"{case}{suffix}").read_text(encoding="utf-8")
             assert written == (root / "reports" / f"{case}{suffix}").read_text(encoding="utf-8")
+
+
+def test_a_spread_s_own_cpu_is_its_reference_s_not_the_machine_s(tmp_path):
+    """The committed learning_rate spread, its reference's CPU renamed to one no machine
+    has: rewritten from its own rows it comes back byte for byte, its own layouts named by
+    their threads alone, as on the machine that made them."""
+    from pathlib import Path
+
+    from conftest import run_cli
+
+    root = Path(__file__).parent.parent
+    reference = (root / "reports" / "learning_rate.csv").read_text(encoding="utf-8")
+    home = parse(pd.read_csv(root / "reports" / "learning_rate.csv")["environment"][0])["cpu"]
+    made_up = "Made-up CPU; x86_64; family/model/stepping 0/0/0; flags avx"
+    for name, text in (
+        ("learning_rate.csv", reference),
+        ("learning_rate.spread.csv", (root / "reports" / "learning_rate.spread.csv").read_text()),
+    ):
+        assert home in text
+        (tmp_path / "in").mkdir(exist_ok=True)
+        (tmp_path / "in" / name).write_text(text.replace(home, made_up), encoding="utf-8")
+    args = ["spread", str(root / "cases" / "learning_rate.toml"), "--layouts", "none"]
+    args += ["--reference", str(tmp_path / "in" / "learning_rate.csv")]
+    args += ["--other", str(tmp_path / "in" / "learning_rate.spread.csv"), "--out", str(tmp_path)]
+    done = run_cli(*args, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    written = (tmp_path / "learning_rate.spread.csv").read_text(encoding="utf-8")
+    assert written == (tmp_path / "in" / "learning_rate.spread.csv").read_text(encoding="utf-8")
+    assert "on Made-up" not in (tmp_path / "learning_rate.spread.md").read_text(encoding="utf-8")

@@ -60,7 +60,8 @@ def add_spread_parser(sub: argparse._SubParsersAction) -> None:
         metavar="CSV",
         help="rows of the case trained elsewhere (a results or spread CSV, e.g. a copy of "
         "another CPU's reports/seed.csv); each of its layouts not trained in this call "
-        "joins the spread, named '<threads> on <cpu>' for another CPU. Repeatable; passing "
+        "joins the spread, named '<threads> on <cpu>' for a CPU other than the reference's. "
+        "Repeatable; passing "
         "the spread CSV being rewritten keeps the layouts it measured before",
     )
     spread.add_argument(
@@ -92,7 +93,7 @@ def _thread_counts(text: str) -> tuple[int, ...]:
 def spread_command(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
-    from stability.core.environment import cpu
+    from stability.core.environment import cpu, short_cpu
     from stability.core.files import atomic_write_text
     from stability.report.spread import (
         carried_layouts,
@@ -112,10 +113,16 @@ def spread_command(args: argparse.Namespace) -> int:
         raise StabilityError("--layouts none needs --reference and --other: nothing to compare")
     others = [(path, read_rows(path)) for path in args.other]
     check_writable(args.out)
-    frames.update(_trained(args, case))
+    # The spread's own CPU is the reference's: its layouts are named by their threads alone,
+    # wherever the command runs, and the layouts trained here name this CPU if it differs.
+    home = _cpu_of(frames) or cpu()
+    trained = _trained(args, case)
+    if home != cpu():
+        trained = {f"{name} on {short_cpu(cpu())}": rows for name, rows in trained.items()}
+    frames.update(trained)
     runs = next(iter(frames.values()))
     for path, frame in others:
-        carried = carried_layouts(frame, cpu(), runs, str(path))
+        carried = carried_layouts(frame, home, runs, str(path))
         # A layout trained in this call is measured afresh, not carried.
         frames.update({name: rows for name, rows in carried.items() if name not in frames})
     stacked = stack_layouts(frames)
@@ -125,6 +132,15 @@ def spread_command(args: argparse.Namespace) -> int:
     atomic_write_text(markdown, spread_markdown(case.name, stacked, measure(stacked)))
     print(f"wrote {path} and {markdown}")
     return 0
+
+
+def _cpu_of(frames: dict[str, pd.DataFrame]) -> str:
+    """The CPU the reference's rows record (``--reference``), or '' without one."""
+    from stability.core.environment import parse
+
+    for frame in frames.values():
+        return parse(str(frame["environment"].iloc[0])).get("cpu", "")
+    return ""
 
 
 def _reference(path: Path, case: Case) -> dict[str, pd.DataFrame]:

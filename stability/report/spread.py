@@ -70,9 +70,10 @@ def carried_layouts(
     frame: pd.DataFrame, here: str, runs: pd.DataFrame, source: str
 ) -> dict[str, pd.DataFrame]:
     """The layouts of ``frame``'s rows (a results or spread CSV, ``source``), as {name: rows},
-    for the runs in ``runs`` (the reference's). A layout of this machine's CPU (``here``, the
-    ``cpu`` of an environment) is named by its threads (``2x1``), one of another CPU by both
-    (``1x1 on AMD EPYC 25/1/1``): rows trained elsewhere carried into a spread measured here."""
+    for the runs in ``runs`` (the reference's). A layout of the spread's own CPU (``here``,
+    the ``cpu`` of the reference rows' environment) is named by its threads (``2x1``), one of
+    another CPU by both (``1x1 on AMD EPYC 25/1/1``): rows trained elsewhere carried into the
+    spread."""
     missing = [c for c in (*RUN, "environment") if c not in frame]
     if missing:
         lacks = ", ".join(missing)
