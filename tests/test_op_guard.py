@@ -15,6 +15,7 @@ CASES = {
     "guard_sqrt": (lambda x: tf.sqrt(x), [0.0, -1e-9], [1e-3, 2.0, 1e4]),
     "guard_rsqrt": (lambda x: tf.math.rsqrt(x), [0.0, -1.0], [1e-3, 2.0, 1e4]),
     "guard_log": (lambda x: tf.math.log(x), [0.0, -1.0], [1e-30, 2.0, 1e30]),
+    "guard_log_zero": (lambda x: tf.math.log(x), [0.0, -1.0], [1e-30, 2.0, 1e30]),
     "guard_acos": (lambda x: tf.acos(x), [1.0, -1.0000001], [-0.5, 0.0, 0.9]),
     "guard_asin": (lambda x: tf.asin(x), [1.0, 1.0000001], [-0.5, 0.0, 0.9]),
     "guard_exp_cap": (lambda x: tf.exp(x), [100.0, 89.0], [-50.0, 0.0, 40.0]),
@@ -66,6 +67,19 @@ def test_a_guard_keeps_value_and_gradient_finite_outside_the_domain(name):
     guard_layer(guarded, guard_named(name))
     y, g = _value_and_gradient(guarded, outside)
     assert np.isfinite(y).all() and np.isfinite(g).all(), (name, y, g)
+
+
+def test_the_log_of_an_empty_sum_is_0_not_an_outlier():
+    """guard_log_zero gives an empty segment 0, as scatter libraries do (the value
+    pytorch_scatter#369 chose); guard_log gives it log(tiny), -87.3 in float32."""
+    values = {}
+    for name in ("guard_log", "guard_log_zero"):
+        guarded = Op(lambda x: tf.math.log(x))
+        guard_layer(guarded, guard_named(name))
+        values[name], gradient = _value_and_gradient(guarded, [0.0, 1.0])
+        assert np.isfinite(gradient).all()
+    np.testing.assert_allclose(values["guard_log_zero"], [0.0, 0.0])
+    assert values["guard_log"][0] < -80
 
 
 @pytest.mark.parametrize("name", sorted(n for n, case in CASES.items() if case[2]))
@@ -170,6 +184,11 @@ REWRITES = [
     ),
     ("guard_divide", "a = e / s", "a = tf.math.divide_no_nan(e, s)"),
     ("guard_log", "return tf.math.log(p)", "return tf.math.log(tf.maximum(p, 1.18e-38))"),
+    (
+        "guard_log_zero",
+        "h = tf.math.log(s)",
+        "h = tf.where(s >= 1.18e-38, tf.math.log(tf.where(s >= 1.18e-38, s, 1.0)), 0.0)",
+    ),
     ("guard_exp_cap", "e = tf.exp(a)", "e = tf.exp(tf.minimum(a, 44.36))"),
     (
         "guard_multiply",

@@ -124,6 +124,23 @@ def _log(inputs: Sequence[tf.Tensor]) -> list[tf.Tensor]:
     return [tf.math.log(tf.maximum(x, _const(tiny(x.dtype), x)))]
 
 
+def _log_zero(inputs: Sequence[tf.Tensor]) -> list[tf.Tensor]:
+    # The log of an empty sum (a node without incoming edges in a log-sum-exp aggregation)
+    # is -inf, and log(tiny) = -87.3 is finite but still an outlier that the next layer
+    # multiplies up. Scatter libraries give an empty segment 0 (pytorch_scatter's
+    # nan_to_num(neginf=0)): below tiny the result is 0, and the inner where gives the
+    # discarded branch a finite input (1), so its gradient is 0, not 1 / 0 (double where).
+    (x,) = inputs
+    inside = tf.greater_equal(x, _const(tiny(x.dtype), x))
+    safe = tf.where(inside, x, tf.ones_like(x))
+    return [tf.where(inside, tf.math.log(safe), tf.zeros_like(x))]
+
+
+def _log_zero_code(call: str, args: Sequence[str]) -> str:
+    x = args[0] if args else "x"
+    return f"tf.where({x} >= TINY, {call}(tf.where({x} >= TINY, {x}, 1.0)), 0.0)"
+
+
 def _arc(fn: Callable[[tf.Tensor], tf.Tensor]) -> Rewrite:
     def rewrite(inputs: Sequence[tf.Tensor]) -> list[tf.Tensor]:
         # A cosine computed as a normalized dot product rounds past +-1 by an ulp or so; one
@@ -276,6 +293,17 @@ GUARDS: tuple[OpGuard, ...] = (
         "negatives are raised to the smallest normal number, whose log is finite",
         _log,
         _wrapped("{ns}.maximum({x}, TINY)"),
+        ("log",),
+    ),
+    OpGuard(
+        "guard_log_zero",
+        ("Log",),
+        "where(X >= tiny, log(where(X >= tiny, X, 1)), 0)",
+        "the log of an empty sum is -inf, and log(tiny) an outlier of -87.3; an empty "
+        "segment gets 0, as scatter libraries give it, and the inner where gives the "
+        "discarded branch a finite input, so its gradient is 0",
+        _log_zero,
+        _log_zero_code,
         ("log",),
     ),
     OpGuard(
