@@ -13,9 +13,10 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import run_cli
+from conftest import TINY_CASE, run_cli
 
 from stability import Recipe, TrainConfig, Trainer
+from stability.commands.push import hunt_push
 from stability.core.errors import CaseError, RemedyError, StabilityError
 from stability.core.failures import Cause
 from stability.core.limits import exp_limits
@@ -29,6 +30,7 @@ from stability.doctor.run import (
     LOCALITY,
     ORIGINAL,
     DoctorRun,
+    Pushed,
     Trial,
     confirmations,
     diagnosed_case,
@@ -38,20 +40,29 @@ from stability.doctor.run import (
     has_headroom_warning,
     median_epoch,
     plan,
+    push_fixes,
     remedy_budget,
     verdict,
 )
-from stability.model.remedy import DIVERGENCE, HEADROOM, SYMPTOMS, get_remedy, list_remedies
+from stability.model.remedy import (
+    DIVERGENCE,
+    HEADROOM,
+    SYMPTOMS,
+    WEIGHT_GROWTH,
+    get_remedy,
+    list_remedies,
+)
 from stability.model.variants import get_variant, register_variant
 from stability.report.verdicts import (
     DELAYS,
     DOES_NOT_HELP,
     FIXES,
     HOLDS_ON_THESE_SEEDS,
+    HOLDS_ON_THIS_DATA,
     NOT_APPLICABLE,
 )
-from stability.sweep.cases import Case, parse_case
-from stability.sweep.runner import case_datasets, execute_runs, run_configs
+from stability.sweep.cases import Case, load_case, parse_case
+from stability.sweep.runner import case_datasets, execute_runs, run_case, run_configs
 
 ROOT = Path(__file__).resolve().parent.parent
 OVERFLOW, UNDERFLOW = Cause.FORWARD_OVERFLOW.value, Cause.FORWARD_UNDERFLOW.value
@@ -904,6 +915,104 @@ def test_a_fix_must_hold_on_the_fresh_seeds_too():
     assert "`clip` (holds on these seeds) failed on at least one of them" in "\n".join(lines)
 
 
+def test_a_fix_must_hold_on_the_pushed_data_too(tmp_path):
+    run = planted_run(
+        {
+            "float64": fine(1.0, 1.0, 1.0),
+            "clip": fine(1.0, 1.0, 1.0),
+            "larger_batch": fine(2.0, 2.0, 2.0),
+            "lower_lr": failing(2),
+        }
+    )
+    for name in ("float64", "clip", "larger_batch"):
+        with_fresh(run, name, fine(1.0, 1.0))
+    assert [t.remedy.name for t in run.fixes()] == ["clip", "larger_batch", "float64"]
+    asked = []
+
+    def push(case, folder):
+        asked.append(case.variants[0])
+        if case.batch_sizes != (16,):  # larger_batch holds; every other fix breaks
+            return Pushed(False, "held through the hunt's 3 trainings")
+        return Pushed(True, "failed at epoch 2", tmp_path / f"{case.name}.npz")
+
+    pushed = push_fixes(run, push)
+    # In the order recommended, until one holds: float64 is never pushed.
+    assert [t.remedy.name for t in pushed] == ["clip", "larger_batch"]
+    assert asked == [t.case.variants[0] for t in pushed]
+    clip, larger = pushed
+    assert clip.verdict(run.finding) == HOLDS_ON_THIS_DATA
+    assert larger.verdict(run.finding) == FIXES
+    assert run.recommended() is larger
+    rows, lines = report(run)
+    assert rows["clip"]["verdict"] == HOLDS_ON_THIS_DATA
+    assert rows["clip"]["pushed"] == "failed at epoch 2"
+    assert rows["float64"]["pushed"] == "" and rows["float64"]["verdict"] == FIXES
+    assert (
+        "The fixes, in the order recommended, were then pushed by the hunt, until one held: "
+        "`clip` failed at epoch 2; `larger_batch` held through the hunt's 3 trainings."
+    ) in lines
+
+
+def test_when_every_pushed_fix_fails_the_report_says_none_held():
+    run = planted_run({"float64": fine(1.0, 1.0, 1.0)})
+    with_fresh(run, "float64", fine(1.0, 1.0))
+    push_fixes(run, lambda case, folder: Pushed(True, "failed at epoch 1"))
+    assert run.recommended() is None
+    _, lines = report(run)
+    assert "No fix held on the data the hunt pushed." in "\n".join(lines)
+    # No fix, nothing pushed.
+    nothing = planted_run({"clip": failing(1, 1, 1)})
+    assert push_fixes(nothing, lambda *a: pytest.fail("pushed without a fix")) == []
+
+
+def test_the_hunt_pushes_only_data_it_can_move(tmp_path):
+    push = hunt_push(budget=1)
+    molecules = replace(PLANTED, dataset="zoo_b_hco_molecules")
+    pushed = push(molecules, tmp_path)
+    assert not pushed.tried and "'zoo_b_hco_molecules'" in pushed.text
+    squashed = replace(PLANTED, edge_transform="squashed")
+    assert "transforms them" in push(squashed, tmp_path).text
+    assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.slow
+def test_the_hunt_breaks_a_fix_on_data_it_pushes_and_writes_that_data(tmp_path):
+    """The seed's accepted fix, the weight-constrained Net, holds on cases/hunt.toml's own
+    data at seed 0, and the hunt pushes the distances until it fails (docs/hunt.md); the
+    data it failed on is written as a data set that reproduces it."""
+    case = replace(load_case(ROOT / "cases" / "hunt.toml"), variants=("weight_constrained",))
+    case = replace(case, seeds=(0,))
+    pushed = hunt_push(budget=3)(case, tmp_path)
+    assert pushed.tried and pushed.failed, pushed.text
+    assert pushed.text.startswith("failed at epoch ") and "of the hunt's training" in pushed.text
+    assert pushed.path == tmp_path / "hunt_hunt_weight_constrained.toml"
+    (row,) = [r.row() for r in run_case(load_case(pushed.path), progress=False)]
+    assert row["first_nan_epoch"] is not None, "the written case does not break the fix"
+
+
+def test_a_forward_overflow_at_a_matmul_is_read_as_weight_growth():
+    """An Inf first made by a MatMul is the updates' growth, not an exp's: the table then
+    expects the step's bounds to help (b_pointgnn_sgd, fixed by clipping), not the exp
+    remedies; an overflow at an Exp keeps the exp table."""
+    run = planted_run({"clip": fine(1.0, 1.0, 1.0), "float64": failing(1, 1, 1)})
+    assert run.finding.table_symptom == Cause.FORWARD_OVERFLOW.value
+    rows, _ = report(run)
+    assert rows["clip"]["expected"] == "cannot help" and rows["float64"]["expected"] == "helps"
+    matmul = [{**r, "first_nan_op": "MatMul (dense_10/MatMul)"} for r in run.original.rows]
+    run.original.rows = matmul
+    run.finding = find(matmul)
+    assert run.finding.symptom == Cause.FORWARD_OVERFLOW.value
+    assert run.finding.table_symptom == WEIGHT_GROWTH
+    rows, lines = report(run)
+    assert rows["clip"]["expected"] == "helps" and rows["float64"]["expected"] == "cannot help"
+    assert rows["clip"]["reason"] == get_remedy("clip").helps[WEIGHT_GROWTH]
+    assert line(lines, "The forward overflow is at MatMul, which only multiplies and adds")
+    assert "Symptom: **forward overflow**" in "\n".join(lines)
+    # An op that is not linear keeps the cause's own table.
+    both = [{**r, "first_nan_op": "MatMul (m) gradient: ExpGrad"} for r in matmul]
+    assert find(both).table_symptom == Cause.FORWARD_OVERFLOW.value
+
+
 def test_the_fresh_seeds_follow_the_largest_one_asked_for():
     assert fresh_seeds([0]) == (1, 2)
     assert fresh_seeds([3, 0, 7]) == (8, 9)
@@ -916,10 +1025,12 @@ def test_only_a_fix_of_the_original_seeds_is_confirmed_on_fresh_seeds():
     assert made[0].case.seeds == (3, 4) and made[0].case.name.endswith("__fresh")
 
 
-def test_a_guard_whose_runs_fail_at_another_site_gets_that_site_guarded_too(tmp_path):
-    # Loads a zoo bug as the zoo's own tests do, without isolated_registries: that fixture
-    # keeps stability's modules imported and drops what they registered, so a later
-    # load_case of the bug in this process would find no variant.
+def test_a_guard_at_a_layer_guards_every_layer_of_its_class(tmp_path):
+    """The fix is a line of the layer's ``call``: ``guard_pow@gcn_layer`` guards
+    gcn_layer_1 too, so a failure there gets no follow-up. Loads a zoo bug as the zoo's
+    own tests do, without isolated_registries: that fixture keeps stability's modules
+    imported and drops what they registered, so a later load_case of the bug in this
+    process would find no variant."""
     from stability.doctor.run import begin, conclude, follow_ups
     from stability.zoo.run import BUGS, load_bug
 
@@ -930,15 +1041,84 @@ def test_a_guard_whose_runs_fail_at_another_site_gets_that_site_guarded_too(tmp_
     conclude(run)
     guard = next(t for t in run.trials if t.remedy.name == "guard_pow")
     assert guard.case is not None and {s.op_type for s in guard.sites} == {"Pow"}
-    guard.rows = [{**pow_in, "first_nan_layer": "gcn_layer_1"}]  # the next layer's Pow fails
+    # Both GCN layers' calls rewrote their Pow: the same line, once per layer.
+    assert len(guard.sites) == 2 * len({(s.file, s.line) for s in guard.sites}), guard.sites
+    guard.rows = [{**pow_in, "first_nan_layer": "gcn_layer_1"}]
+    assert follow_ups(run) == []
+
+
+class HalfPower(keras.layers.Layer):
+    """``h * (sum |h|) ** -0.5``: the power of 0 is inf where a node's features are 0.
+    Shapes: ``h`` ``[num_nodes, hidden]``; returns ``[num_nodes, hidden]``."""
+
+    def call(self, h):
+        return h * tf.pow(tf.reduce_sum(tf.abs(h), axis=-1, keepdims=True), -0.5)
+
+
+class OtherHalfPower(keras.layers.Layer):
+    """The same op in another class's ``call``: a guard of HalfPower does not reach it."""
+
+    def call(self, h):
+        return h * tf.pow(tf.reduce_sum(tf.square(h), axis=-1, keepdims=True), -0.5)
+
+
+class SameCall(HalfPower):
+    """A subclass that keeps HalfPower's ``call``: it runs the line a guard's fix changes."""
+
+
+class TwoPowers(keras.Model):
+    def __init__(self, hidden):
+        super().__init__()
+        self.embed = keras.layers.Dense(hidden, name="embed")
+        self.first = HalfPower(name="first_power")
+        self.second = OtherHalfPower(name="second_power")
+        self.head = keras.layers.Dense(2, name="head")
+
+    def call(self, inputs):
+        h = self.second(self.first(self.embed(inputs["nodes"])))
+        graph, count = inputs["node_graph"], inputs["num_graphs"]
+        return self.head(tf.math.unsorted_segment_sum(h, graph, count))
+
+
+def test_a_guard_whose_runs_fail_at_a_layer_of_another_class_gets_it_guarded_too(
+    tmp_path, isolated_registries
+):
+    from stability.doctor.run import begin, conclude, follow_ups
+
+    @register_variant
+    def two_powers_test(ctx):
+        """two layers of different classes, each with a power of -0.5"""
+        return Recipe(TwoPowers(ctx.hidden), keras.optimizers.Adam(ctx.learning_rate))
+
+    case = parse_case(TINY_CASE.replace('"raw_e", "stable_softmax"', '"two_powers_test"'))
+    run = begin(case, "two_powers_test", tmp_path)
+    pow_in = {**failed(1, layer="first_power"), "first_nan_op": "Pow (Pow)"}
+    run.original.rows = [pow_in]
+    conclude(run)
+    guard = next(t for t in run.trials if t.remedy.name == "guard_pow")
+    assert guard.case is not None
+    guard.rows = [{**pow_in, "first_nan_layer": "second_power"}]  # the other class's Pow
     made = follow_ups(run)
     assert [t.case.variants[0] for t in made] == [
-        "zoo_b_gcn_negative_weight+guard_pow@gcn_layer+guard_pow@gcn_layer_1"
+        "two_powers_test+guard_pow@first_power+guard_pow@second_power"
     ]
-    assert made[0].remedy.name == "guard_pow+guard_pow@gcn_layer_1"
-    # The chained variant builds, and both of its guards rewrite a Pow.
+    assert made[0].remedy.name == "guard_pow+guard_pow@second_power"
     assert {s.guard for s in made[0].sites} == {"guard_pow"} and len(made[0].sites) >= 2
     assert follow_ups(run) == []  # each trial's failure is followed once
     # A chain that fails again at a site it guards gets no follow-up.
-    made[0].rows = [{**pow_in, "first_nan_layer": "gcn_layer_1"}]
+    made[0].rows = [{**pow_in, "first_nan_layer": "second_power"}]
     assert follow_ups(run) == []
+
+
+def test_a_guard_reaches_the_layers_that_run_the_guarded_call_and_no_other():
+    from stability.model.op_guard import sites
+
+    model = TwoPowers(4)
+    model.third = SameCall(name="third_power")
+    recipe = Recipe(model, keras.optimizers.Adam(0.01))
+    get_remedy("guard_pow").model(recipe, None, "first_power")
+    h = tf.zeros((2, 4))
+    for layer in (model.first, model.second, model.third):
+        layer(h)
+    assert sites(model.first) and sites(model.third), "the same call is guarded"
+    assert not sites(model.second), "another class's call is not"

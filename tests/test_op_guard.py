@@ -15,10 +15,17 @@ CASES = {
     "guard_sqrt": (lambda x: tf.sqrt(x), [0.0, -1e-9], [1e-3, 2.0, 1e4]),
     "guard_rsqrt": (lambda x: tf.math.rsqrt(x), [0.0, -1.0], [1e-3, 2.0, 1e4]),
     "guard_log": (lambda x: tf.math.log(x), [0.0, -1.0], [1e-30, 2.0, 1e30]),
+    "guard_log_zero": (lambda x: tf.math.log(x), [0.0, -1.0], [1e-30, 2.0, 1e30]),
     "guard_acos": (lambda x: tf.acos(x), [1.0, -1.0000001], [-0.5, 0.0, 0.9]),
     "guard_asin": (lambda x: tf.asin(x), [1.0, 1.0000001], [-0.5, 0.0, 0.9]),
     "guard_exp_cap": (lambda x: tf.exp(x), [100.0, 89.0], [-50.0, 0.0, 40.0]),
     "guard_divide": (lambda x: x / (x - x), [0.0, 3.0], []),
+    # A -inf mask where x is 0, times x: -inf * 0 (keras-gat's -10e9 * (1 - A) in float16).
+    "guard_multiply": (
+        lambda x: tf.where(tf.equal(x, 0), tf.fill(tf.shape(x), -np.inf), tf.ones_like(x)) * x,
+        [0.0, 2.0],
+        [0.5, 2.0, -3.0],
+    ),
     "guard_reciprocal": (lambda x: tf.math.reciprocal(x), [0.0, -0.0], [0.5, -4.0]),
     "guard_pow": (lambda x: tf.pow(x, -0.5), [0.0, -2.0], [0.25, 4.0, 1e6]),
 }
@@ -60,6 +67,19 @@ def test_a_guard_keeps_value_and_gradient_finite_outside_the_domain(name):
     guard_layer(guarded, guard_named(name))
     y, g = _value_and_gradient(guarded, outside)
     assert np.isfinite(y).all() and np.isfinite(g).all(), (name, y, g)
+
+
+def test_the_log_of_an_empty_sum_is_0_not_an_outlier():
+    """guard_log_zero gives an empty segment 0, as scatter libraries do (the value
+    pytorch_scatter#369 chose); guard_log gives it log(tiny), -87.3 in float32."""
+    values = {}
+    for name in ("guard_log", "guard_log_zero"):
+        guarded = Op(lambda x: tf.math.log(x))
+        guard_layer(guarded, guard_named(name))
+        values[name], gradient = _value_and_gradient(guarded, [0.0, 1.0])
+        assert np.isfinite(gradient).all()
+    np.testing.assert_allclose(values["guard_log_zero"], [0.0, 0.0])
+    assert values["guard_log"][0] < -80
 
 
 @pytest.mark.parametrize("name", sorted(n for n, case in CASES.items() if case[2]))
@@ -164,7 +184,17 @@ REWRITES = [
     ),
     ("guard_divide", "a = e / s", "a = tf.math.divide_no_nan(e, s)"),
     ("guard_log", "return tf.math.log(p)", "return tf.math.log(tf.maximum(p, 1.18e-38))"),
+    (
+        "guard_log_zero",
+        "h = tf.math.log(s)",
+        "h = tf.where(s >= 1.18e-38, tf.math.log(tf.where(s >= 1.18e-38, s, 1.0)), 0.0)",
+    ),
     ("guard_exp_cap", "e = tf.exp(a)", "e = tf.exp(tf.minimum(a, 44.36))"),
+    (
+        "guard_multiply",
+        "mask = -10e9 * (1.0 - A)",
+        "mask = tf.math.multiply_no_nan(-10e9, 1.0 - A)",
+    ),
 ]
 
 
@@ -188,3 +218,46 @@ def test_a_line_without_the_op_gets_the_guard_as_a_comment():
 
     line = rewrite_line("h = self.readout(h)", guard_named("guard_sqrt"), "float32")
     assert line.startswith("h = self.readout(h)  # guard its Sqrt: sqrt(maximum(X, 1.19e-07))")
+
+
+class Sinc(keras.layers.Layer):
+    """sin(x) / d with its limit where d = 0, as DimeNet's basis writes it: the tf.where
+    discards the 0 / 0, whose gradient is still NaN."""
+
+    def call(self, d):
+        x = d / 5.0
+        return tf.sqrt(2 / 5.0) * tf.where(d == 0, tf.ones_like(d), tf.sin(x) / d)
+
+
+def test_the_fix_is_the_op_the_guard_changed_at_its_columns():
+    """Of the layer's two divisions only ``sin(x) / d`` meets d = 0: the fix is that line,
+    and on it that division (the frame's columns), not the first ``/`` (Python's 2 / 5.0)."""
+    from stability.doctor.code_fix import code_fixes
+
+    layer = Sinc()
+    guard_layer(layer, guard_named("guard_divide"))
+    layer(tf.constant([[0.0], [1.0], [2.0]]))  # an eager call, as the doctor's check makes
+    found = sites(layer)
+    assert [s.changed for s in found] == [False, True], found
+    [fix] = code_fixes(found, "float32")
+    assert (
+        fix.before == "return tf.sqrt(2 / 5.0) * tf.where(d == 0, tf.ones_like(d), tf.sin(x) / d)"
+    )
+    assert fix.after == (
+        "return tf.sqrt(2 / 5.0) * tf.where(d == 0, tf.ones_like(d), "
+        "tf.math.divide_no_nan(tf.sin(x), d))"
+    )
+
+
+def test_a_product_by_zero_keeps_its_gradient_for_the_other_factor():
+    """multiply guards inf * 0 only: x * 0 with x finite still sends x to the zero factor's
+    gradient, as the raw product does."""
+    x = tf.Variable([3.0, 0.0])
+    y = tf.Variable([0.0, 5.0])
+    guarded = Op(lambda pair: pair[0] * pair[1])
+    guard_layer(guarded, guard_named("guard_multiply"))
+    with tf.GradientTape() as tape:
+        total = tf.reduce_sum(guarded((x, y)))
+    gx, gy = tape.gradient(total, [x, y])
+    np.testing.assert_array_equal(gx.numpy(), [0.0, 5.0])
+    np.testing.assert_array_equal(gy.numpy(), [3.0, 0.0])

@@ -179,3 +179,46 @@ def test_a_nan_only_a_tf_where_discards_is_told_from_one_that_reaches_on(guard):
     # Only the discarded branch is selected away: a relu (which may drop NaN on some CPUs'
     # kernels, so the guard may see finite outputs) does not make it a gradient failure.
     assert site.selected is guard
+
+
+class MaskedSoftmax(keras.layers.Layer):
+    """A softmax over each graph's nodes with every node not of the first type masked by
+    ``-inf``, the max of all logits subtracted: a graph with no node of that type sums
+    exp(-inf) = 0 and divides 0 / 0 (pytorch/pytorch#55056's fully masked row).
+    Shapes: ``logits`` ``[num_nodes, 1]``; returns ``[num_nodes, 1]``."""
+
+    def call(self, logits, nodes, node_graph, num_graphs):
+        masked = tf.where(nodes[:, :1] == 0.0, tf.fill(tf.shape(logits), -np.inf), logits)
+        shift = tf.math.unsorted_segment_max(logits, node_graph, num_graphs)
+        e = tf.exp(masked - tf.gather(shift, node_graph))
+        total = tf.math.unsorted_segment_sum(e, node_graph, num_graphs)
+        return e / tf.gather(total, node_graph)
+
+
+class MaskedModel(keras.Model):
+    def __init__(self, hidden):
+        super().__init__()
+        self.embed = keras.layers.Dense(hidden, name="embed")
+        self.score = keras.layers.Dense(1, name="score")
+        self.softmax = MaskedSoftmax(name="masked_softmax")
+        self.head = keras.layers.Dense(2, name="head")
+
+    def call(self, inputs):
+        h = self.embed(inputs["nodes"])
+        graph, count = inputs["node_graph"], inputs["num_graphs"]
+        alpha = self.softmax(self.score(h), inputs["nodes"], graph, count)
+        return self.head(tf.math.unsorted_segment_sum(alpha * h, graph, count))
+
+
+def test_a_minus_inf_mask_is_not_the_failure_the_division_it_leads_to_is(tiny_dataset):
+    """check_numerics stops at the mask's -inf constant (TensorFlow checks constants too);
+    the replay names the op that made the first NaN from values that held none."""
+
+    def masked(ctx: BuildContext) -> Recipe:
+        return Recipe(MaskedModel(ctx.hidden), keras.optimizers.Adam(ctx.learning_rate))
+
+    result = run(masked, tiny_dataset)
+    assert result.first_nan_where == "forward", result
+    assert result.first_nan_layer == "masked_softmax", result
+    assert result.first_nan_op.startswith("RealDiv"), result
+    assert result.failure_cause == "forward underflow (0/0)", result

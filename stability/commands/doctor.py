@@ -7,7 +7,14 @@ import argparse
 import sys
 from pathlib import Path
 
-from stability.commands.flags import add_case_argument, add_run_flags, check_writable, run_options
+from stability.commands.flags import (
+    add_case_argument,
+    add_run_flags,
+    check_writable,
+    non_negative_int,
+    run_options,
+)
+from stability.commands.push import PUSH_BUDGET
 from stability.core.errors import StabilityError
 
 #: Exit codes: a remedy fixed the failure (or there was none), no remedy did.
@@ -22,11 +29,14 @@ def add_doctor_parser(sub: argparse._SubParsersAction) -> None:
         "cause), then rerun the same seeds with every remedy the harness can apply without "
         "code (gradient clipping, a lower learning rate, a larger Adam epsilon, a larger "
         "batch, float64, standardized or squashed edge distances, a kernel constraint, the "
-        "stable softmax, a logit cap, and --candidates) for at least 3 times the failure "
-        "epoch, and judge each: fixes, delays or does not help (docs/doctor.md). Writes "
-        "<case>.doctor.md and <case>.doctor.csv into --out, and every remedy's runs into "
-        "<out>/<case>.doctor/. Exit 0 when a remedy fixes the failure (or there is none), "
-        "1 when none does, 2 on bad input.",
+        "stable softmax, a logit cap, a guard at the failing op such as an epsilon in its "
+        "sqrt or a division that is 0 where its denominator is, and --candidates) for at "
+        "least 3 times the failure epoch, and judge each: fixes (on fresh seeds too, and "
+        "on data the hunt pushes toward its limits), delays or does not help "
+        "(docs/doctor.md). A guard that fixes is printed as the "
+        "line of your code to change. Writes <case>.doctor.md and <case>.doctor.csv into "
+        "--out, and every remedy's runs into <out>/<case>.doctor/. Exit 0 when a remedy "
+        "fixes the failure (or there is none), 1 when none does, 2 on bad input.",
     )
     add_case_argument(doctor)
     doctor.add_argument("--variant", required=True, help="the variant to doctor")
@@ -41,6 +51,16 @@ def add_doctor_parser(sub: argparse._SubParsersAction) -> None:
         default="",
         help="comma-separated variants of your own to try as remedies too",
     )
+    doctor.add_argument(
+        "--push-budget",
+        type=non_negative_int,
+        default=PUSH_BUDGET,
+        metavar="N",
+        help="trainings the hunt may spend on each fix, moving the data toward the fix's "
+        "limits; a fix it breaks only 'holds on this data', and the next is pushed, until "
+        f"one holds (default: {PUSH_BUDGET}; 0: do not push; the generated and synthetic "
+        "data sets only)",
+    )
     add_run_flags(
         doctor,
         out_help="folder for <case>.doctor.md, <case>.doctor.csv and <case>.doctor/ "
@@ -51,9 +71,11 @@ def add_doctor_parser(sub: argparse._SubParsersAction) -> None:
 def doctor_command(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
+    from stability.commands.push import hunt_push
     from stability.commands.run import cluster_of, variant_list
     from stability.doctor.report import write_doctor_report
     from stability.doctor.run import doctor
+    from stability.sweep.case_file import absolute_plugins
     from stability.sweep.cases import load_case
 
     case = load_case(args.case, args.overrides)
@@ -65,6 +87,7 @@ def doctor_command(args: argparse.Namespace) -> int:
     runs = args.out / f"{case.name}.doctor"
     _check_fresh(runs, args)
     cluster = cluster_of([case], args)
+    plugins = absolute_plugins(case, args.case, args.plugin)
     try:
         result = doctor(
             case,
@@ -74,6 +97,7 @@ def doctor_command(args: argparse.Namespace) -> int:
             candidates=candidates,
             cluster=cluster,
             on_stage=lambda text: print(f"doctor: {text}", file=sys.stderr),
+            push=hunt_push(args.push_budget, plugins) if args.push_budget else None,
             **run_options(args),
         )
     finally:

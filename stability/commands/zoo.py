@@ -45,6 +45,7 @@ def _say(text: str) -> None:
 
 def zoo_command(args: argparse.Namespace) -> int:
     from stability.check.run import check_bug
+    from stability.commands.push import hunt_push
     from stability.doctor.run import doctor_many
     from stability.zoo.report import write_zoo_report, zoo_command_line
     from stability.zoo.run import bug_names, run_zoo
@@ -52,7 +53,7 @@ def zoo_command(args: argparse.Namespace) -> int:
     check_writable(args.out)
     names = bug_names(args.bugs)
     # The zoo scores the doctor without importing it: the two features meet here.
-    doctor = partial(doctor_many, **run_options(args), on_stage=_say)
+    doctor = partial(doctor_many, **run_options(args), on_stage=_say, push=hunt_push())
     # And the check, which needs no training (run in the tools' worker processes).
     entries = run_zoo(
         args.out / "zoo", doctor, names=names, **run_options(args), on_stage=_say, checker=check_bug

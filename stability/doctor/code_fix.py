@@ -22,7 +22,7 @@ import numpy as np
 from stability.model.op_guard import OpGuard, Site, exp_cap, guard_named
 
 #: The binary operators that build an op type, for a guard's op types.
-_OPERATORS = {"RealDiv": ast.Div, "Div": ast.Div, "Pow": ast.Pow}
+_OPERATORS = {"RealDiv": ast.Div, "Div": ast.Div, "Pow": ast.Pow, "Mul": ast.Mult}
 
 
 @dataclass(frozen=True)
@@ -59,7 +59,11 @@ def bounds(dtype: str) -> dict[str, str]:
 
 def code_fixes(sites: Sequence[Site], dtype: str) -> list[CodeFix]:
     """The rewritten line for each distinct line of ``sites`` (in order), by the guard that
-    rewrote its op; a site whose line cannot be read is left out."""
+    rewrote its op; a site whose line cannot be read is left out. Where the guard changed a
+    value at some sites (``Site.changed``, seen on the doctor's eager batch), only those are
+    the fix: the others (``d / cutoff`` with a constant cutoff) compute what they did."""
+    if any(site.changed for site in sites):
+        sites = [site for site in sites if site.changed]
     fixes, seen = [], set()
     for site in sites:
         if site.file is None or site.line is None or (site.file, site.line) in seen:
@@ -83,13 +87,13 @@ def rewrite_line(line: str, guard: OpGuard, dtype: str, span: tuple[int, int] | 
     is such a call, else the innermost; the guard's expression alone, as a comment, where
     the line holds no such call."""
     constants = bounds(dtype)
-    tree, shift = _parse(line)
+    tree, shift, text = _parse(line)
     if span is not None:
         span = (span[0] + shift, span[1] + shift)
     target = _target(tree, guard, span) if tree is not None else None
     if target is None:
         return f"{line}  # guard its {'/'.join(guard.op_types)}: {_label(guard, constants)}"
-    call, args = _call_parts(target)
+    call, args = _call_parts(target, text)
     new = _fill(guard.code(call, args), constants)
     start, end = target.col_offset - shift, target.end_col_offset - shift
     return line[:start] + new + line[end:]
@@ -106,9 +110,10 @@ def _fill(code: str, constants: dict[str, str]) -> str:
     return code
 
 
-def _parse(line: str) -> tuple[ast.AST | None, int]:
-    """The line as an expression or statement, and how far its columns moved; a line that
-    opens a block (``if x:``, ``return f(``) is parsed as far as it is whole."""
+def _parse(line: str) -> tuple[ast.AST | None, int, str]:
+    """The line as an expression or statement, how far its columns moved, and the text
+    parsed; a line that opens a block (``if x:``, ``return f(``) is parsed as far as it is
+    whole."""
     bare = line.removeprefix("return ")
     tries = (
         (line, 0),
@@ -117,10 +122,10 @@ def _parse(line: str) -> tuple[ast.AST | None, int]:
     )
     for text, shift in tries:
         try:
-            return ast.parse(text), shift
+            return ast.parse(text), shift, text
         except SyntaxError:
             continue
-    return None, 0
+    return None, 0, line
 
 
 def _target(tree: ast.AST, guard: OpGuard, span: tuple[int, int] | None) -> ast.AST | None:
@@ -147,12 +152,16 @@ def _name(func: ast.AST) -> str:
     return func.id if isinstance(func, ast.Name) else ""
 
 
-def _call_parts(node: ast.AST) -> tuple[str, list[str]]:
-    """The called function's text and the arguments' (an operator as ``tf.pow(a, b)`` or
-    ``tf.divide(a, b)``)."""
+def _call_parts(node: ast.AST, text: str) -> tuple[str, list[str]]:
+    """The called function's text and the arguments', as the user wrote them in ``text``
+    (an operator as ``tf.pow(a, b)``, ``tf.divide(a, b)`` or ``tf.multiply(a, b)``)."""
+
+    def source(part: ast.AST) -> str:
+        return ast.get_source_segment(text, part) or ast.unparse(part)
+
     if isinstance(node, ast.BinOp):
-        name = "tf.pow" if isinstance(node.op, ast.Pow) else "tf.divide"
-        return name, [ast.unparse(node.left), ast.unparse(node.right)]
+        names = {ast.Pow: "tf.pow", ast.Mult: "tf.multiply"}
+        name = names.get(type(node.op), "tf.divide")
+        return name, [source(node.left), source(node.right)]
     assert isinstance(node, ast.Call)
-    args = [ast.unparse(a) for a in node.args] + [ast.unparse(k) for k in node.keywords]
-    return ast.unparse(node.func), args
+    return source(node.func), [source(a) for a in [*node.args, *node.keywords]]

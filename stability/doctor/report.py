@@ -45,6 +45,9 @@ DOCTOR_FIELDS = (
     # their failure epochs (empty: no failure within the budget).
     "fresh_seeds",
     "fresh_failure_epochs",
+    # Appended (issue 45): what pushing a fix's data toward its limits did, in words
+    # (``failed ...``, ``held ...`` or ``not pushed: ...``); empty when it was not pushed.
+    "pushed",
 )
 
 
@@ -58,7 +61,7 @@ def _epoch(value: float) -> str:
 
 def trial_row(run: DoctorRun, trial: Trial, case_path: str) -> dict[str, str]:
     """One remedy's ``<case>.doctor.csv`` row."""
-    symptom = run.finding.symptom or ""
+    symptom = run.finding.table_symptom
     verdict = trial.verdict(run.finding)
     applied = trial.case is not None and bool(trial.rows)
     epochs = trial.epochs if applied else []
@@ -86,6 +89,7 @@ def trial_row(run: DoctorRun, trial: Trial, case_path: str) -> dict[str, str]:
         "fix_class": trial.remedy.fix_class,
         "code_fix": run.code_fix_text(trial),
         **_fresh_cells(trial),
+        "pushed": trial.pushed.text if trial.pushed is not None else "",
     }
 
 
@@ -251,12 +255,19 @@ def _budget_sentence(run: DoctorRun) -> str:
 
 
 def _why(run: DoctorRun, rows: Sequence[dict[str, str]]) -> list[str]:
-    symptom = run.finding.symptom
+    symptom = run.finding.table_symptom
     other_ops = [r for r in rows if _guard_of_another_op(r)]
     rows = [r for r in rows if r not in other_ops]
     helps = [r for r in rows if r["expected"] == "helps" and r["family"] != "candidate"]
     cannot = [r for r in rows if r["expected"] == "cannot help"]
     lines = [f"The doctor's table (docs/doctor.md) for **{symptom}**:", ""]
+    if symptom != run.finding.symptom:
+        named = ", ".join(run.finding.ops)
+        lines[0] = (
+            f"The {run.finding.symptom} is at {named}, which only multiplies and adds: no "
+            f"exp made that Inf, so the doctor's table (docs/doctor.md) is read for "
+            f"**{symptom}**:"
+        )
     if other_ops:
         named = ", ".join(run.finding.ops) or "no op"
         lines += [
@@ -286,7 +297,7 @@ def _guard_of_another_op(row: dict[str, str]) -> bool:
 def run_reason(run: DoctorRun, row: dict[str, str]) -> str:
     """The table's reason for a remedy (its why-not, for one that cannot apply)."""
     trial = next(t for t in run.trials if t.remedy.name == row["remedy"])
-    return trial.remedy.reason(run.finding.symptom or "")
+    return trial.remedy.reason(run.finding.table_symptom)
 
 
 def _table(run: DoctorRun, rows: Sequence[dict[str, str]]) -> list[str]:
@@ -352,6 +363,7 @@ def _fix(run: DoctorRun, rows: Sequence[dict[str, str]]) -> list[str]:
         lines += ["", f"In your code: {best.remedy.code}.", "", "Its runs, again:", ""]
         lines += ["```bash", row["command"], "```"]
     lines += _fresh_sentences(rows)
+    lines += _pushed_sentences(run)
     tried = [r for r in rows if r["verdict"] != NOT_APPLICABLE and r["family"] != "candidate"]
     held = [r for r in tried if r["expected"] == "cannot help" and r["verdict"] != FIXES]
     surprises = [r for r in tried if r["expected"] == "cannot help" and r["verdict"] == FIXES]
@@ -398,6 +410,20 @@ def _fresh_sentences(rows: Sequence[dict[str, str]]) -> list[str]:
     if failed:
         lines.append(f"{_names(failed, True)} failed on at least one of them.")
     return ["", " ".join(lines[1:])]
+
+
+def _pushed_sentences(run: DoctorRun) -> list[str]:
+    """What pushing the fixes' data toward their limits did, fix by fix, in the order they
+    were pushed (``push_fixes``)."""
+    if not run.pushed:
+        return []
+    told = "; ".join(f"`{t.remedy.name}` {t.pushed.text}" for t in run.pushed)
+    held = any(t.pushed.tried and not t.pushed.failed for t in run.pushed)
+    until = ", until one held" if held else ""
+    lines = [f"The fixes, in the order recommended, were then pushed by the hunt{until}: {told}."]
+    if not held and any(t.pushed.tried for t in run.pushed):
+        lines.append("No fix held on the data the hunt pushed.")
+    return ["", " ".join(lines)]
 
 
 #: The comments around the rendered table in docs/doctor.md (``with_remedy_table``).

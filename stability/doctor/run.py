@@ -19,6 +19,11 @@ registered remedy (``stability.model.remedies``) and judge each by the written r
    ``FRESH_SEEDS`` fresh seeds too (other initial weights and batch orders; the seeds after
    the largest asked for). It ``fixes`` only if they do not fail either; else its verdict
    over all its runs is ``delays`` by the rule above, or ``holds on these seeds``.
+6. **Beyond the data** (``follow_through`` with a ``push``): the fixes that held on the
+   fresh seeds, in the order they are recommended, are each pushed, until one holds: the
+   command line passes the hunt (``stability.explore``; the doctor imports no other
+   feature), which climbs the remedied variant's own margins toward its limits, moving the
+   data, for a few trainings. A fix it breaks ``holds on this data``; the next is pushed.
 
 Each remedy's runs are an ordinary case in the doctor's folder (``<case>__<remedy>.csv`` and
 its store), so ``--resume``, ``--workers`` and Ray work as for ``run``.
@@ -46,6 +51,7 @@ from stability.model.remedy import (
     HEADROOM,
     OP_GUARD,
     REMEDY_MARK,
+    WEIGHT_GROWTH,
     Remedy,
     list_remedies,
     remedied_name,
@@ -56,6 +62,7 @@ from stability.report.verdicts import (
     DOES_NOT_HELP,
     FIXES,
     HOLDS_ON_THESE_SEEDS,
+    HOLDS_ON_THIS_DATA,
     NOT_APPLICABLE,
     delays,
 )
@@ -175,6 +182,34 @@ class Finding:
         """The op types the failure names (``failing_ops``)."""
         return failing_ops(str((self.first or {}).get("first_nan_op") or ""))
 
+    @property
+    def table_symptom(self) -> str:
+        """The symptom the doctor's table is read by: the symptom, except that a forward
+        overflow at linear ops only (``LINEAR_OPS``) is ``WEIGHT_GROWTH``: no ``exp`` made
+        that Inf, so the exp remedies are not what the table expects to help."""
+        symptom = self.symptom or ""
+        if symptom == Cause.FORWARD_OVERFLOW.value and self.ops and set(self.ops) <= LINEAR_OPS:
+            return WEIGHT_GROWTH
+        return symptom
+
+
+#: Ops that only multiply and add what they are given: an Inf out of finite inputs at one
+#: of them is a sum too large for the dtype, of grown weights or activations.
+LINEAR_OPS = frozenset(
+    {
+        "MatMul",
+        "BatchMatMulV2",
+        "BatchMatMulV3",
+        "BiasAdd",
+        "Add",
+        "AddV2",
+        "AddN",
+        "Sum",
+        "Einsum",
+        "Conv2D",
+        "UnsortedSegmentSum",
+    }
+)
 
 _OP_TYPE = re.compile(r"\b([A-Z]\w*) \(")
 _GRADIENT_OP = re.compile(r"gradient: (\w+)")
@@ -231,6 +266,9 @@ class Trial:
     sites: list[Site] = field(default_factory=list)
     #: The runs on fresh seeds (``confirmations``), once trained: only a fix has them.
     fresh: Trial | None = None
+    #: What pushing its data toward its limits did (``push_fixes``): only a fix that held
+    #: on the fresh seeds is pushed, in the order of the recommendation, until one holds.
+    pushed: Pushed | None = None
     #: Whether ``follow_ups`` has looked at this trial's failure already.
     followed: bool = False
 
@@ -246,6 +284,8 @@ class Trial:
             return found
         every = [*self.rows, *self.fresh.rows]
         if self._verdict(finding, every) == FIXES:
+            if self.pushed is not None and self.pushed.failed:
+                return HOLDS_ON_THIS_DATA
             return FIXES
         epochs = [failure_epoch(row) for row in every]
         return (
@@ -280,6 +320,8 @@ class DoctorRun:
     #: +-Inf, and how many graphs the data has.
     bad_input: list[tuple[str, str]] = field(default_factory=list)
     num_graphs: int = 0
+    #: The fixes whose data was pushed toward their limits, in the order they were pushed.
+    pushed: list[Trial] = field(default_factory=list)
 
     def fixes(self) -> list[Trial]:
         """The trials that fix the failure, the recommended first (``recommendation``)."""
@@ -543,9 +585,17 @@ def _follow_up(run: DoctorRun, trial: Trial, remedy: Remedy, step: str, ops: tup
         target = _check_applies(remedy, trial.case, case, ops)
     except StabilityError:
         return []
+    sites = model_sites(target.recipe().model)
+    if {_place(s) for s in sites} <= {_place(s) for s in trial.sites}:
+        return []  # the layer is guarded already, as one of the guarded layer's class
     label = f"{trial.remedy.label}, then {remedy.label} in {step.partition('@')[2] or 'the model'}"
     chained = replace(remedy, name=name, label=label)
-    return [Trial(chained, case, trial.folder, sites=model_sites(target.recipe().model))]
+    return [Trial(chained, case, trial.folder, sites=sites)]
+
+
+def _place(site: Site) -> tuple:
+    """Where a guard rewrote an op: the guard, the op type and the user's code position."""
+    return (site.guard, site.op_type, site.file, site.line, site.col)
 
 
 def fresh_seeds(seeds: Sequence[int]) -> tuple[int, ...]:
@@ -572,6 +622,35 @@ def confirmations(runs: Sequence[DoctorRun]) -> list[Trial]:
     return made
 
 
+@dataclass(frozen=True)
+class Pushed:
+    """What pushing a fix's data toward its limits did: whether a run on the pushed data
+    failed, in words (where it failed and on what data, or why it was not pushed), and the
+    case file that trains the data it failed on (None: it did not fail)."""
+
+    failed: bool
+    text: str
+    path: Path | None = None
+    #: Whether the data could be pushed at all (a data set the push cannot move: False).
+    tried: bool = True
+
+
+#: ``push(case, folder)``: push the data of ``case`` (a fix's, one variant) toward the
+#: limits of its variant, writing what breaks it into ``folder``.
+Push = Callable[[Case, Path], Pushed]
+
+
+def push_fixes(run: DoctorRun, push: Push) -> list[Trial]:
+    """Push the fixes of ``run`` (``fixes``: those that held on the fresh seeds, the
+    recommended first) one by one until one holds; the pushed trials, in order."""
+    for trial in run.fixes():
+        trial.pushed = push(trial.case, trial.folder)
+        run.pushed.append(trial)
+        if trial.pushed.tried and not trial.pushed.failed:
+            break
+    return run.pushed
+
+
 #: ``train(trials, desc)``: ``train_trials`` with a doctor's sweep options bound, a run that
 #: raises making its trial not applicable.
 Train = Callable[[Sequence[Trial], str], None]
@@ -588,10 +667,16 @@ def tolerant(
     return train
 
 
-def follow_through(runs: Sequence[DoctorRun], train: Train, say: Callable[[str], None]) -> None:
+def follow_through(
+    runs: Sequence[DoctorRun],
+    train: Train,
+    say: Callable[[str], None],
+    push: Push | None = None,
+) -> None:
     """After the remedies' runs: repair ops that fail in turn (``follow_ups``), one
-    retraining per round, then train every fix's fresh seeds (``confirmations``), so that
-    its verdict covers them."""
+    retraining per round, then train every fix's fresh seeds (``confirmations``), then,
+    with ``push``, push the fixes that held on them (``push_fixes``), so that each verdict
+    covers them."""
     for _ in range(MAX_GUARDS - 1):
         made = [t for run in runs for t in follow_ups(run)]
         if not made:
@@ -603,6 +688,13 @@ def follow_through(runs: Sequence[DoctorRun], train: Train, say: Callable[[str],
         seeds = ", ".join(map(str, fresh[0].case.seeds))
         say(f"confirming {len(fresh)} fixes on fresh seeds ({seeds} for the first)")
         train(fresh, "fresh")
+    if push is None:
+        return
+    for run in runs:
+        if run.fixes():
+            say(f"pushing the data of {run.variant}'s fixes toward their limits")
+        for trial in push_fixes(run, push):
+            say(f"{trial.remedy.name}: {trial.pushed.text}")
 
 
 def begin(case: Case, variant: str, out: Path, seeds: Sequence[int] | None = None) -> DoctorRun:
@@ -641,9 +733,11 @@ def doctor(
     workers: int = 1,
     cluster: RayCluster | None = None,
     on_stage: Callable[[str], None] | None = None,
+    push: Push | None = None,
 ) -> DoctorRun:
     """Diagnose ``variant`` on ``case``, then train and judge every remedy (module docstring).
-    The runs go to ``out`` (one store per trial)."""
+    The runs go to ``out`` (one store per trial); ``push`` makes the data the fixes are
+    tried on beyond the case's own (none: they are not)."""
     say = on_stage or (lambda text: None)
     for name in candidates:
         get_variant(name)
@@ -657,7 +751,7 @@ def doctor(
         say(f"{run.finding.symptom}: rerunning {applicable} remedies for {run.budget} epochs")
         train = tolerant(progress, resume, overwrite, workers, cluster)
         train(run.trials, "remedies")
-        follow_through([run], train, say)
+        follow_through([run], train, say, push)
     return run
 
 
@@ -668,6 +762,7 @@ def doctor_many(
     overwrite: bool = False,
     workers: int = 1,
     on_stage: Callable[[str], None] | None = None,
+    push: Push | None = None,
 ) -> list[DoctorRun]:
     """A doctor for each ``(case, variant, out)``, every doctor's runs in one sweep: all the
     originals, then all the remedies, so ``workers`` stay busy across doctors (the zoo's)."""
@@ -681,5 +776,5 @@ def doctor_many(
     say(f"rerunning {sum(t.case is not None for t in trials)} remedies")
     train = tolerant(progress, resume, overwrite, workers, None)
     train(trials, "remedies")
-    follow_through(runs, train, say)
+    follow_through(runs, train, say, push)
     return runs

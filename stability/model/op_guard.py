@@ -21,11 +21,11 @@ library and this module), which the doctor prints as the fix.
 from __future__ import annotations
 
 import functools
+import inspect
 import math
 import sys
 import sysconfig
 import threading
-import traceback
 import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -74,6 +74,9 @@ class Site:
     #: position of the frame's instruction), where Python gives them.
     col: int | None = None
     end_col: int | None = None
+    #: Whether the guard changed a value of the op's outputs, where it saw them (an eager
+    #: call); None in a traced step, whose values are not known when the op is built.
+    changed: bool | None = None
 
 
 def eps(dtype: tf.DType) -> float:
@@ -121,6 +124,23 @@ def _log(inputs: Sequence[tf.Tensor]) -> list[tf.Tensor]:
     return [tf.math.log(tf.maximum(x, _const(tiny(x.dtype), x)))]
 
 
+def _log_zero(inputs: Sequence[tf.Tensor]) -> list[tf.Tensor]:
+    # The log of an empty sum (a node without incoming edges in a log-sum-exp aggregation)
+    # is -inf, and log(tiny) = -87.3 is finite but still an outlier that the next layer
+    # multiplies up. Scatter libraries give an empty segment 0 (pytorch_scatter's
+    # nan_to_num(neginf=0)): below tiny the result is 0, and the inner where gives the
+    # discarded branch a finite input (1), so its gradient is 0, not 1 / 0 (double where).
+    (x,) = inputs
+    inside = tf.greater_equal(x, _const(tiny(x.dtype), x))
+    safe = tf.where(inside, x, tf.ones_like(x))
+    return [tf.where(inside, tf.math.log(safe), tf.zeros_like(x))]
+
+
+def _log_zero_code(call: str, args: Sequence[str]) -> str:
+    x = args[0] if args else "x"
+    return f"tf.where({x} >= TINY, {call}(tf.where({x} >= TINY, {x}, 1.0)), 0.0)"
+
+
 def _arc(fn: Callable[[tf.Tensor], tf.Tensor]) -> Rewrite:
     def rewrite(inputs: Sequence[tf.Tensor]) -> list[tf.Tensor]:
         # A cosine computed as a normalized dot product rounds past +-1 by an ulp or so; one
@@ -154,6 +174,23 @@ def _divide(inputs: Sequence[tf.Tensor]) -> list[tf.Tensor]:
     # all underflowed): TensorFlow's divide_no_nan, whose gradient is 0 there too.
     x, y = inputs
     return [tf.math.divide_no_nan(x, y)]
+
+
+def _multiply(inputs: Sequence[tf.Tensor]) -> list[tf.Tensor]:
+    # inf * 0 is NaN (a -inf mask times the 0 of an edge that is there, an overflowed exp
+    # times a 0 weight). A non-finite factor is taken as 0 where the other factor is 0, so
+    # the product is 0; every other product, and its gradient, is x * y's. Each factor is
+    # replaced inside the product (the double-where pattern): the gradient of a discarded
+    # inf * 0 branch would be NaN.
+    x, y = inputs
+    x_safe = tf.where(tf.equal(y, 0) & ~tf.math.is_finite(x), tf.zeros_like(x), x)
+    y_safe = tf.where(tf.equal(x, 0) & ~tf.math.is_finite(y), tf.zeros_like(y), y)
+    return [x_safe * y_safe]
+
+
+def _multiply_code(call: str, args: Sequence[str]) -> str:
+    x, y = _two(args)
+    return f"tf.math.multiply_no_nan({x}, {y})"
 
 
 def _reciprocal(inputs: Sequence[tf.Tensor]) -> list[tf.Tensor]:
@@ -259,6 +296,17 @@ GUARDS: tuple[OpGuard, ...] = (
         ("log",),
     ),
     OpGuard(
+        "guard_log_zero",
+        ("Log",),
+        "where(X >= tiny, log(where(X >= tiny, X, 1)), 0)",
+        "the log of an empty sum is -inf, and log(tiny) an outlier of -87.3; an empty "
+        "segment gets 0, as scatter libraries give it, and the inner where gives the "
+        "discarded branch a finite input, so its gradient is 0",
+        _log_zero,
+        _log_zero_code,
+        ("log",),
+    ),
+    OpGuard(
         "guard_acos",
         ("Acos",),
         "acos(clip(X, -1 + eps, 1 - eps))",
@@ -305,6 +353,16 @@ GUARDS: tuple[OpGuard, ...] = (
         _divide,
         _divide_code,
         ("divide", "truediv", "div"),
+    ),
+    OpGuard(
+        "guard_multiply",
+        ("Mul",),
+        "X * Y, a non-finite factor taken as 0 where the other is 0",
+        "inf * 0 is NaN; a product by exactly 0 is 0 whatever the other factor (TensorFlow's "
+        "multiply_no_nan), and every other product and its gradient are unchanged",
+        _multiply,
+        _multiply_code,
+        ("multiply",),
     ),
     OpGuard(
         "guard_reciprocal",
@@ -379,7 +437,7 @@ def guard_layer(layer: keras.Layer, guard: OpGuard) -> None:
         # recorded, ``flush`` records them again as the identity of the guarded values.
         pending.append((returned, new))
         name = str(where.get("op_name") or op_type)
-        found.append(Site(guard.name, op_type, name, *user_frame()))
+        found.append(Site(guard.name, op_type, name, *user_frame(), _changed(outputs, new)))
         return returned
 
     def flush() -> None:
@@ -424,16 +482,39 @@ def _library_roots() -> tuple[str, ...]:
     return tuple(sorted(roots))
 
 
+def _changed(raw: Any, guarded: Sequence[tf.Tensor]) -> bool | None:
+    """Whether ``guarded`` differs from the op's ``raw`` outputs anywhere (NaN against NaN
+    is no change); None where they are symbolic (a traced step)."""
+    raw = list(raw) if isinstance(raw, (list, tuple)) else [raw]
+    if not all(hasattr(t, "numpy") for t in [*raw, *guarded]) or not tf.executing_eagerly():
+        return None
+    for before, after in zip(raw, guarded, strict=False):
+        a, b = np.asarray(before.numpy()), np.asarray(after.numpy())
+        if a.shape != b.shape or not np.all((a == b) | (np.isnan(a) & np.isnan(b))):
+            return True
+    return False
+
+
 def user_frame() -> tuple[str | None, int | None, int | None, int | None]:
     """The file, line and columns of the innermost frame outside TensorFlow, Keras, the
-    standard library and this module: the user's code that built the op being rewritten."""
+    standard library and this module: the user's code that built the op being rewritten.
+    The columns are those of the frame's current instruction (``inspect.getframeinfo``'s
+    ``positions``, Python 3.11 on): ``traceback.extract_stack`` leaves them out."""
     roots, here = _library_roots(), str(Path(__file__).resolve())
     paths = sysconfig.get_paths()
     stdlib, installed = paths["stdlib"], (paths["purelib"], paths["platlib"])
-    for frame in reversed(traceback.extract_stack()):
-        path = str(Path(frame.filename).resolve())
+    frame = inspect.currentframe()
+    while frame is not None:
+        filename = frame.f_code.co_filename
+        path = str(Path(filename).resolve())
         in_stdlib = path.startswith(stdlib) and not path.startswith(installed)
-        if path == here or in_stdlib or path.startswith(roots) or frame.filename.startswith("<"):
+        if path == here or in_stdlib or path.startswith(roots) or filename.startswith("<"):
+            frame = frame.f_back
             continue
-        return frame.filename, frame.lineno, frame.colno, frame.end_colno
+        positions = getattr(inspect.getframeinfo(frame, context=0), "positions", None)
+        col = getattr(positions, "col_offset", None)
+        end_col = getattr(positions, "end_col_offset", None)
+        if positions is not None and positions.lineno != positions.end_lineno:
+            col = end_col = None  # an expression over several lines: no span on one line
+        return filename, frame.f_lineno, col, end_col
     return None, None, None, None

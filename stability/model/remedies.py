@@ -38,6 +38,7 @@ from stability.model.remedy import (
     DIVERGENCE,
     HEADROOM,
     OP_GUARD,
+    WEIGHT_GROWTH,
     CaseLike,
     Target,
     case_remedy,
@@ -113,6 +114,8 @@ def rebuilt_optimizer(optimizer: keras.optimizers.Optimizer, **changes: Any):
         Cause.GRADIENT_EXPLOSION.value: "bounds the step a huge gradient makes",
         Cause.OPTIMIZER.value: "a bounded gradient keeps Adam's moments g and g*g finite",
         DIVERGENCE: "bounds each update, so one bad batch cannot undo the training",
+        WEIGHT_GROWTH: "each update is at most the learning rate times the clip norm, so "
+        "one large gradient cannot grow the weights past what a layer's sum can hold",
     },
     cannot="it acts on the gradients after the forward pass and the loss are computed; "
     "no forward value changes, so the weights still drift to where the forward pass "
@@ -155,7 +158,11 @@ def _takes_learning_rate(target: Target) -> str | None:
     family="optimizer",
     label=f"learning rate divided by {LR_FACTOR:g}",
     code=f"keras.optimizers.Adam(learning_rate / {LR_FACTOR:g}), or learning_rates in the case",
-    helps={DIVERGENCE: "smaller steps keep the optimizer from overshooting"},
+    helps={
+        DIVERGENCE: "smaller steps keep the optimizer from overshooting",
+        WEIGHT_GROWTH: "a step too large for the network's curvature overshoots and grows "
+        "the weights; a smaller one stays where the steps shrink the loss",
+    },
     cannot="every step is scaled alike, so the weights drift to the same failing place "
     f"{LR_FACTOR:g} times more slowly: it can delay that failure, not remove it",
     applies=_takes_learning_rate,
@@ -337,6 +344,8 @@ def self_loops(case: CaseLike) -> bool:
         Cause.GRADIENT_EXPLOSION.value: "bounded kernels bound the activations the "
         "gradient is made of",
         DIVERGENCE: "bounded kernels cannot run away",
+        WEIGHT_GROWTH: "a kernel of norm at most 1 cannot grow, so a Dense layer's output is "
+        "bounded by its input's norm",
     },
     cannot="it bounds the kernels, not the inputs or the ops after them",
     takes_layer=True,
@@ -465,9 +474,22 @@ def _guard_applies(guard: OpGuard, target: Target) -> str | None:
     return None
 
 
+def _same_call(model: keras.Layer, layer: keras.Layer) -> list[keras.Layer]:
+    """``layer`` and every other layer of ``model`` whose class has the same ``call`` (its
+    class, or a subclass that does not override it): the instances that run the line a
+    guard's fix changes."""
+    if layer is model:
+        return [model]
+    call = getattr(type(layer), "call", None)
+    return [each for each in nested_layers(model) if getattr(type(each), "call", None) is call]
+
+
 def _register_guard(guard: OpGuard) -> None:
     def change(recipe: Recipe, ctx: BuildContext, layer: str | None) -> Recipe:
-        guard_layer(_layer(recipe.model, layer), guard)
+        # The fix is a line of the layer's class, so the proof guards every instance of it:
+        # the second of two attention layers meets the same 0 / 0 on other weights or data.
+        for each in _same_call(recipe.model, _layer(recipe.model, layer)):
+            guard_layer(each, guard)
         return recipe
 
     change.__name__ = change.__qualname__ = guard.name
@@ -476,7 +498,10 @@ def _register_guard(guard: OpGuard) -> None:
         family="op guard",
         fix_class=OP_GUARD,
         label=f"the failing {ops} guarded: {guard.label}",
-        description=f"every {ops} op in the failing layer computed as {guard.label}",
+        description=(
+            f"every {ops} op in the failing layer, and in the other layers that run its call, "
+            f"computed as {guard.label}"
+        ),
         code=guard.label.replace("X", "x").replace("Y", "y"),
         helps=dict.fromkeys(_OP_SYMPTOMS, guard.why),
         cannot=f"it rewrites {ops} ops only: a failure at another op is left as it was",

@@ -46,12 +46,17 @@ from stability.model.recipe import BuildContext, Recipe, Variant
 DIVERGENCE = "divergence"
 #: A finite run whose exp arguments came within the warning margin of a limit.
 HEADROOM = "headroom"
+#: A forward overflow at a linear op (a MatMul, a bias, a sum), not at an ``exp``: the
+#: weights or the activations the updates grew, which no exp remedy touches.
+WEIGHT_GROWTH = "weight growth"
 
-#: Every symptom the doctor treats: each cause of a failure, and the two without a NaN.
+#: Every symptom the doctor treats: each cause of a failure, the two without a NaN, and a
+#: forward overflow read by its op (``WEIGHT_GROWTH``).
 SYMPTOMS = (
     *(c.value for c in Cause if c not in (Cause.NONE, Cause.INPUT)),
     DIVERGENCE,
     HEADROOM,
+    WEIGHT_GROWTH,
 )
 
 #: The classes of fix a numerical bug's maintainers make, each remedy's among them

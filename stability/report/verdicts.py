@@ -16,8 +16,11 @@ FIXES, DELAYS, DOES_NOT_HELP, NOT_APPLICABLE = "fixes", "delays", "does not help
 #: A remedy that avoids the failure on the seeds it was found on, but not on fresh seeds
 #: (other initial weights and batch orders), and not later enough there to delay it.
 HOLDS_ON_THESE_SEEDS = "holds on these seeds"
+#: A remedy that avoids the failure on the case's data, on its seeds and on fresh ones, but
+#: not on data pushed toward the failure (the doctor's ``push``).
+HOLDS_ON_THIS_DATA = "holds on this data"
 #: Every verdict of a remedy, best first.
-VERDICTS = (FIXES, HOLDS_ON_THESE_SEEDS, DELAYS, DOES_NOT_HELP, NOT_APPLICABLE)
+VERDICTS = (FIXES, HOLDS_ON_THIS_DATA, HOLDS_ON_THESE_SEEDS, DELAYS, DOES_NOT_HELP, NOT_APPLICABLE)
 
 
 def delays(median: float, reference: float, factor: float = DELAY_FACTOR) -> bool:

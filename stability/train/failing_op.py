@@ -40,8 +40,20 @@ def site_from_error(
     ``call`` (scope ``model_name``, entered when the model is called as ``model(inputs)``)
     is named by the model's name, once.
     """
-    node_name = failing_node(message, graph)
-    op_type = error_op_type(message)
+    return site_from_node(
+        failing_node(message, graph), error_op_type(message), known_layers, graph, model_name
+    )
+
+
+def site_from_node(
+    node_name: str | None,
+    op_type: str | None,
+    known_layers: set[str],
+    graph: tf.Graph | None = None,
+    model_name: str | None = None,
+) -> NanSite:
+    """The stage, layer and op of the op ``node_name`` (of type ``op_type``), named as
+    ``site_from_error`` names the op a ``check_numerics`` error is about."""
     scope = node_name.split("/") if node_name else []
     where = "forward"
     in_tape = bool(scope) and scope[0] == GRADIENT_SCOPE

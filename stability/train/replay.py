@@ -26,8 +26,15 @@ import numpy as np
 import tensorflow as tf
 
 from stability.compat.keras_layers import layer_names
+from stability.compat.tf_private import error_op_type
 from stability.core.quiet import stderr_silenced
-from stability.train.failing_op import LOSS_SCOPE, failing_node, selected_away, site_from_error
+from stability.train.failing_op import (
+    LOSS_SCOPE,
+    failing_node,
+    selected_away,
+    site_from_error,
+    site_from_node,
+)
 from stability.train.site import (
     DENOMINATOR,
     XLA_ONLY,
@@ -96,6 +103,10 @@ def _checked(
     message, graph = error
     site = site_from_error(message, known_layers, graph, model_name)
     node = failing_node(message, graph)
+    origin = origin_op(fn, inputs) if error_op_type(message) == "Const" else None
+    if origin is not None:  # the check named a constant the model wrote (a -inf mask)
+        node, graph = origin.name, origin.graph
+        site = site_from_node(node, origin.type, known_layers, graph, model_name)
     if gradient_transform is not None and node and TRANSFORM_SCOPE in node:
         name = transform_name(gradient_transform)
         site = NanSite("gradient", None, f"{site.op} in gradient transform {name}")
@@ -132,6 +143,67 @@ def first_check_error(fn: Callable[[Any], Any], inputs: Any) -> tuple[str, tf.Gr
     finally:
         tf.debugging.disable_check_numerics()
     return None
+
+
+def origin_op(fn: Callable[[Any], Any], inputs: Any) -> tf.Operation | None:
+    """The first op of ``fn(inputs)``, run unchecked, that makes a new non-finite value: a
+    NaN where none of its float inputs holds one, or an Inf where every input is finite.
+    Constants are left out, and so is an op that only passes on a non-finite input.
+
+    ``check_numerics`` checks every op's output, a ``Const`` included, and stops at the
+    first non-finite one: a model that writes ``-inf`` on purpose (``tf.fill(shape, -inf)``
+    as an attention mask) fails there, before the op that goes wrong (the ``0 / 0`` of a
+    softmax whose entries are all masked). This reads every float value the step computes
+    (the ops of the traced graph, in the order they were built, which is an order they can
+    run in) and finds that op; None if there is none (or the values cannot be read).
+    """
+
+    live: list[tf.Operation] = []
+
+    def every_value(batch: Any) -> dict[str, tf.Tensor]:
+        results = tf.nest.flatten(fn(batch))
+        graph = tf.compat.v1.get_default_graph()
+        live.extend(_ancestors(graph, [t for t in results if isinstance(t, tf.Tensor)]))
+        return {t.name: tf.identity(t) for op in live for t in op.outputs if t.dtype.is_floating}
+
+    try:
+        traced = tf.function(every_value, jit_compile=False)
+        with one_off_traces():
+            values = {name: np.asarray(v) for name, v in traced(inputs).items()}
+    except (ValueError, KeyError, TypeError, tf.errors.OpError):
+        return None
+    for op in live:
+        if op.type != "Const" and _makes_non_finite(op, values):
+            return op
+    return None
+
+
+def _ancestors(graph: tf.Graph, tensors: list[tf.Tensor]) -> list[tf.Operation]:
+    """The ops of ``graph`` that ``tensors`` are computed from, in the order they were built
+    (an order they can run in). An op whose outputs nothing reads is left out: the raw op
+    an op guard replaced (``stability.model.op_guard``) is still in the graph, unused."""
+    seen: set[str] = set()
+    stack = [t.op for t in tensors]
+    while stack:
+        op = stack.pop()
+        if op.name in seen:
+            continue
+        seen.add(op.name)
+        stack.extend(t.op for t in op.inputs)
+        stack.extend(op.control_inputs)
+    return [op for op in graph.get_operations() if op.name in seen]
+
+
+def _makes_non_finite(op: tf.Operation, values: dict[str, np.ndarray]) -> bool:
+    """Whether ``op``'s outputs hold a NaN none of its inputs held, or an Inf from finite
+    inputs (its float inputs' and outputs' ``values``, by tensor name)."""
+    ins = [values[t.name] for t in op.inputs if t.name in values]
+    outs = [values[t.name] for t in op.outputs if t.name in values]
+    nan_in = any(np.isnan(v).any() for v in ins)
+    finite_in = all(np.isfinite(v).all() for v in ins)
+    new_nan = not nan_in and any(np.isnan(v).any() for v in outs)
+    new_inf = finite_in and any(np.isinf(v).any() for v in outs)
+    return new_nan or new_inf
 
 
 def probe_op(fn: Callable[[Any], Any], inputs: Any, node: str) -> OpEvidence | None:
