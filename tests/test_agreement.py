@@ -236,3 +236,28 @@ def test_a_spread_s_own_cpu_is_its_reference_s_not_the_machine_s(tmp_path):
     written = (tmp_path / "learning_rate.spread.csv").read_text(encoding="utf-8")
     assert written == (tmp_path / "in" / "learning_rate.spread.csv").read_text(encoding="utf-8")
     assert "on Made-up" not in (tmp_path / "learning_rate.spread.md").read_text(encoding="utf-8")
+
+
+def test_a_layout_trained_on_a_cpu_other_than_the_reference_s_names_that_cpu(tmp_path):
+    """The reference's rows recorded on a CPU no machine has: the 1x1 layout trained here is
+    another CPU's rows, so it joins the spread as '1x1 on <this CPU>', beside the
+    reference's own 1x1, not in its place."""
+    from conftest import TINY_CASE, run_cli
+
+    from stability.core.environment import cpu, short_cpu
+    from stability.sweep.cases import parse_case
+    from stability.sweep.runner import run_case
+
+    case_file = tmp_path / "tiny.toml"
+    case_file.write_text(TINY_CASE.replace('"raw_e", "stable_softmax"', '"stable_softmax"'))
+    run_case(parse_case(case_file.read_text(), source="tiny"), tmp_path / "ref", progress=False)
+    made_up = "Made-up CPU; x86_64; family/model/stepping 0/0/0; flags avx"
+    reference = tmp_path / "ref" / "tiny.csv"
+    text = reference.read_text(encoding="utf-8")
+    assert cpu() in text
+    reference.write_text(text.replace(cpu(), made_up), encoding="utf-8")
+    args = ["spread", str(case_file), "--layouts", "1", "--reference", str(reference)]
+    done = run_cli(*args, "--out", str(tmp_path / "out"), "--no-progress", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    threads = pd.read_csv(tmp_path / "out" / "tiny.spread.csv")["threads"]
+    assert list(dict.fromkeys(threads)) == ["1x1", f"1x1 on {short_cpu(cpu())}"]
