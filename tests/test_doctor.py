@@ -1122,3 +1122,66 @@ def test_a_guard_reaches_the_layers_that_run_the_guarded_call_and_no_other():
         layer(h)
     assert sites(model.first) and sites(model.third), "the same call is guarded"
     assert not sites(model.second), "another class's call is not"
+
+
+class ExpSoftmax(keras.layers.Layer):
+    """``exp(h) / sum exp(h)`` over the features, written naively: the division shows the
+    0 / 0 that the exp's underflow caused. Shapes: ``h`` ``[num_nodes, hidden]``; returns
+    ``[num_nodes, hidden]``."""
+
+    def call(self, h):
+        e = tf.exp(h)
+        return e / tf.reduce_sum(e, axis=-1, keepdims=True)
+
+
+class SoftmaxNet(keras.Model):
+    def __init__(self, hidden):
+        super().__init__()
+        self.embed = keras.layers.Dense(hidden, name="embed")
+        self.softmax = ExpSoftmax(name="exp_softmax")
+        self.head = keras.layers.Dense(2, name="head")
+
+    def call(self, inputs):
+        h = self.softmax(self.embed(inputs["nodes"]))
+        graph, count = inputs["node_graph"], inputs["num_graphs"]
+        return self.head(tf.math.unsorted_segment_sum(h, graph, count))
+
+
+def test_the_guards_of_the_ops_feeding_the_failing_op_are_tried_after_its_own(
+    tmp_path, isolated_registries
+):
+    """A 0 / 0 at the softmax's RealDiv is the Exp's underflow: the Exp's guards get trials
+    in the failing layer (RANUM's inputs of the failing op), a guard of an op that feeds
+    nothing there does not, and of two fixes the failing op's own guard comes first."""
+    from stability.doctor.run import begin, conclude
+
+    @register_variant
+    def exp_softmax_test(ctx):
+        """a naive softmax over the features"""
+        return Recipe(SoftmaxNet(ctx.hidden), keras.optimizers.Adam(ctx.learning_rate))
+
+    case = parse_case(TINY_CASE.replace('"raw_e", "stable_softmax"', '"exp_softmax_test"'))
+    run = begin(case, "exp_softmax_test", tmp_path)
+    division = {**failed(1, UNDERFLOW, layer="exp_softmax"), "first_nan_op": "RealDiv (truediv)"}
+    run.original.rows = [division]
+    conclude(run)
+    assert run.producer_ops[0] == "Exp" and "Sum" in run.producer_ops, run.producer_ops
+    trials = {t.remedy.name: t for t in run.trials}
+    for name in ("guard_divide", "guard_exp_shift", "guard_exp_cap"):
+        assert trials[name].case is not None, (name, trials[name].reason)
+    assert {s.op_type for s in trials["guard_exp_shift"].sites} == {"Exp"}
+    assert trials["guard_sqrt"].case is None
+    assert trials["guard_sqrt"].reason.endswith("and no Sqrt feeds it in its layer")
+    trials["guard_divide"].rows = [finite(2.0)]
+    trials["guard_exp_shift"].rows = [finite(1.0)]
+    assert run.recommended() is trials["guard_divide"], "the failing op's guard first"
+    chain = trials["guard_exp_shift"]
+    chained = replace(chain.remedy, name="guard_exp_shift+guard_divide@exp_softmax")
+    run.trials.append(Trial(chained, chain.case, chain.folder, rows=[finite(0.5)]))
+    assert run.recommended() is trials["guard_divide"], "one guard before a chain"
+    run.trials.pop()
+    _, lines = report(run)
+    sentence = line(lines, "In `exp_softmax` the failing RealDiv is fed by Exp")
+    assert "`guard_exp_shift` (fixes)" in sentence and "`guard_divide`" not in sentence
+    trials["guard_divide"].rows = [division]
+    assert run.recommended() is trials["guard_exp_shift"]

@@ -28,6 +28,13 @@ CASES = {
     ),
     "guard_reciprocal": (lambda x: tf.math.reciprocal(x), [0.0, -0.0], [0.5, -4.0]),
     "guard_pow": (lambda x: tf.pow(x, -0.5), [0.0, -2.0], [0.25, 4.0, 1e6]),
+    # Two segments, the elements above 1 in the second: with none there it is empty, its
+    # max the lowest float, and twice that overflows.
+    "guard_segment_max": (
+        lambda x: 2.0 * tf.math.unsorted_segment_max(x, tf.cast(x > 1.0, tf.int32), 2),
+        [0.0, 0.5],
+        [0.25, 4.0, 1e6],
+    ),
 }
 
 
@@ -80,6 +87,65 @@ def test_the_log_of_an_empty_sum_is_0_not_an_outlier():
         assert np.isfinite(gradient).all()
     np.testing.assert_allclose(values["guard_log_zero"], [0.0, 0.0])
     assert values["guard_log"][0] < -80
+
+
+def _log_sum_exp(x):
+    """A log-sum-exp over two segments written the stable way (the segment's max
+    subtracted, then added back); the second segment is empty."""
+    ids = tf.zeros_like(x, tf.int32)
+    top = tf.math.unsorted_segment_max(x, ids, 2)
+    total = tf.math.unsorted_segment_sum(tf.exp(x - tf.gather(top, ids)), ids, 2)
+    return tf.math.log(total) + top
+
+
+def test_an_empty_segments_log_sum_exp_is_0_with_both_guards_and_not_with_one():
+    """rusty1s/pytorch_scatter#368: the empty segment's log-sum-exp is log(0) + lowest. The
+    log's guard alone leaves the lowest float (which the next layer overflows), the
+    segment max's guard alone leaves log(0); both give 0, as pytorch_scatter#369 does."""
+    values = {}
+    for names in (
+        ("guard_log_zero",),
+        ("guard_segment_max",),
+        ("guard_segment_max", "guard_log_zero"),
+    ):
+        layer = Op(_log_sum_exp)
+        for name in names:
+            guard_layer(layer, guard_named(name))
+        values[names], gradient = _value_and_gradient(layer, [1.0, 3.0])
+        assert np.isfinite(gradient).all(), names
+    raw, _ = _value_and_gradient(Op(_log_sum_exp), [1.0, 3.0])
+    np.testing.assert_allclose(values[("guard_segment_max", "guard_log_zero")], [raw[0], 0.0])
+    assert values[("guard_log_zero",)][1] < -1e38
+    assert values[("guard_segment_max",)][1] == -np.inf
+
+
+def test_the_ops_feeding_an_op_are_those_of_the_layer_nearest_first():
+    """``producer_types``: the ops upstream of the layer's RealDiv, inside its call only (not
+    the Exp of the layer before it), nearest first; the layer's call is left as it was."""
+    from stability.model.op_guard import producer_types
+
+    class Softmax(keras.layers.Layer):
+        def call(self, x):
+            e = tf.exp(tf.sqrt(tf.abs(x)))
+            return e / tf.reduce_sum(e, axis=-1, keepdims=True)
+
+    class Net(keras.Model):
+        def __init__(self):
+            super().__init__()
+            self.before = Op(tf.exp, name="before")
+            self.softmax = Softmax(name="softmax")
+
+        def call(self, x):
+            return self.softmax(tf.math.log(self.before(x)))
+
+    model, x = Net(), tf.ones((2, 3))
+    model(x)
+    found = producer_types(model.softmax, model, x, ("RealDiv",))
+    assert found.index("Exp") < found.index("Sqrt") < found.index("Abs"), found
+    assert "Sum" in found and "Log" not in found, found
+    assert producer_types(model.softmax, model, x, ("Log",)) == ()
+    assert "call" not in model.softmax.__dict__, "the layer's own call is back"
+    assert not sites(model.softmax)
 
 
 @pytest.mark.parametrize("name", sorted(n for n, case in CASES.items() if case[2]))
@@ -190,6 +256,12 @@ REWRITES = [
         "h = tf.where(s >= 1.18e-38, tf.math.log(tf.where(s >= 1.18e-38, s, 1.0)), 0.0)",
     ),
     ("guard_exp_cap", "e = tf.exp(a)", "e = tf.exp(tf.minimum(a, 44.36))"),
+    (
+        "guard_segment_max",
+        "top = tf.math.unsorted_segment_max(m, receivers, n)",
+        "top = tf.where(tf.math.unsorted_segment_max(m, receivers, n) > -3.40282347e+38, "
+        "tf.math.unsorted_segment_max(m, receivers, n), 0.0)",
+    ),
     (
         "guard_multiply",
         "mask = -10e9 * (1.0 - A)",

@@ -54,7 +54,13 @@ def bounds(dtype: str) -> dict[str, str]:
     import tensorflow as tf
 
     cap = exp_cap(tf.as_dtype(info.dtype))
-    return {"EPS": f"{float(info.eps):.3g}", "TINY": f"{float(info.tiny):.3g}", "CAP": f"{cap:.4g}"}
+    return {
+        "EPS": f"{float(info.eps):.3g}",
+        "TINY": f"{float(info.tiny):.3g}",
+        "CAP": f"{cap:.4g}",
+        # Every digit the dtype has: the guard compares with the lowest number exactly.
+        "LOWEST": f"{float(info.min):.9g}",
+    }
 
 
 def code_fixes(sites: Sequence[Site], dtype: str) -> list[CodeFix]:

@@ -15,7 +15,8 @@ from pathlib import Path
 
 from stability.core.files import atomic_writer
 from stability.doctor.remedies import command
-from stability.doctor.run import BUDGET_FACTOR, DoctorRun, Trial, median_epoch
+from stability.doctor.run import BUDGET_FACTOR, GUARD_NAMES, DoctorRun, Trial, median_epoch
+from stability.model.op_guard import guard_named
 from stability.model.remedy import HEADROOM, OP_GUARD, list_remedies
 from stability.report.verdicts import DELAY_FACTOR, DELAYS, FIXES, NOT_APPLICABLE
 
@@ -275,6 +276,7 @@ def _why(run: DoctorRun, rows: Sequence[dict[str, str]]) -> list[str]:
             f"{named}.",
             "",
         ]
+    lines += _producer_sentence(run, rows)
     if helps:
         lines += ["Expected to help:", ""]
         lines += [f"- `{r['remedy']}`: {run_reason(run, r)}" for r in helps]
@@ -283,6 +285,27 @@ def _why(run: DoctorRun, rows: Sequence[dict[str, str]]) -> list[str]:
         lines += ["Expected not to help, tried anyway to show it:", ""]
         lines += [f"- `{r['remedy']}`: {run_reason(run, r)}" for r in cannot]
     return lines
+
+
+def _producer_sentence(run: DoctorRun, rows: Sequence[dict[str, str]]) -> list[str]:
+    """Which ops feed the failing op in its layer, and the guards of theirs tried there."""
+    if not run.producer_ops:
+        return []
+    tried = [
+        r
+        for r in rows
+        if r["remedy"] in GUARD_NAMES
+        and r["verdict"] != NOT_APPLICABLE
+        and not set(guard_named(r["remedy"]).op_types) & set(run.finding.ops)
+    ]
+    named = ", ".join(run.finding.ops)
+    feeding = ", ".join(run.producer_ops)
+    tail = (
+        f"the guards of theirs were tried there too ({_names(tried, with_verdict=True)})"
+        if tried
+        else "none of them has a guard"
+    )
+    return [f"In `{run.finding.layer}` the failing {named} is fed by {feeding}: {tail}.", ""]
 
 
 def _guard_of_another_op(row: dict[str, str]) -> bool:

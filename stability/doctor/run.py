@@ -7,7 +7,8 @@ registered remedy (``stability.model.remedies``) and judge each by the written r
    the cause of the earliest failure; ``divergence`` if it only diverged; ``headroom`` for
    runs that stayed finite but came near ``exp``'s limits (their warning).
 2. **The reruns.** Every remedy trains the same seeds for ``remedy_budget`` epochs: at least
-   3 times the latest failure epoch, and at least the case's budget.
+   3 times the latest failure epoch, and at least the case's budget. The op guards are
+   those of the failing op and of the ops that feed it inside its layer (``producers``).
 3. **The verdict** (``verdict``): ``fixes`` when no run fails within the budget (for a
    headroom symptom: and none keeps the warning); ``delays`` when the median failure epoch
    (a run without one counts as beyond the budget) is at least ``DELAY_FACTOR`` times the
@@ -44,11 +45,13 @@ from stability.core.failures import Cause, read_cause
 from stability.data import Dataset
 from stability.doctor.code_fix import CodeFix, code_fixes
 from stability.doctor.remedies import candidate, case_for
-from stability.model.op_guard import Site, model_sites
+from stability.model.op_guard import GUARDS, Site, guard_named, model_sites
 from stability.model.recipe import Recipe
+from stability.model.remedies import failing_op_producers
 from stability.model.remedy import (
     DIVERGENCE,
     HEADROOM,
+    LAYER_MARK,
     OP_GUARD,
     REMEDY_MARK,
     WEIGHT_GROWTH,
@@ -83,6 +86,8 @@ from stability.train.trainer import Trainer
 if TYPE_CHECKING:
     from stability.sweep.ray_executor import RayCluster
 
+#: The names of the op guards (``guard_sqrt``...): the remedies a chain's parts may be.
+GUARD_NAMES = frozenset(g.name for g in GUARDS)
 #: The rerun budget is at least this many times the latest original failure epoch.
 BUDGET_FACTOR = 3
 
@@ -322,6 +327,8 @@ class DoctorRun:
     num_graphs: int = 0
     #: The fixes whose data was pushed toward their limits, in the order they were pushed.
     pushed: list[Trial] = field(default_factory=list)
+    #: The types of the ops that feed the failing op in its layer (``producers``).
+    producer_ops: tuple[str, ...] = ()
 
     def fixes(self) -> list[Trial]:
         """The trials that fix the failure, the recommended first (``recommendation``)."""
@@ -337,14 +344,24 @@ class DoctorRun:
     def recommendation(self, trial: Trial) -> tuple:
         """The order of the fixes: those that keep the accuracy first, then the most local
         change (``LOCALITY``: the failing op before the whole model, the data or the
-        dtype), then the lowest median final MAE."""
+        dtype; a guard of the failing op before a guard of only the ops that feed it; one
+        guard before a chain of them), then the lowest median final MAE."""
         mae = trial.final_mae()
         return (
             not self.keeps_accuracy(trial),
             LOCALITY.index(trial.remedy.fix_class),
+            trial.remedy.fix_class == OP_GUARD and not self.guards_failing_op(trial),
+            trial.remedy.name.count(REMEDY_MARK),
             mae is None,
             mae or 0.0,
         )
+
+    def guards_failing_op(self, trial: Trial) -> bool:
+        """Whether an op guard's trial (or one of its chain, ``guard_a+guard_b@layer``)
+        guards an op of the type the failure names, not only the ops that feed it."""
+        guards = [part.partition(LAYER_MARK)[0] for part in trial.remedy.name.split(REMEDY_MARK)]
+        named = set(self.finding.ops)
+        return any(named & set(guard_named(g).op_types) for g in guards if g in GUARD_NAMES)
 
     def recommended(self) -> Trial | None:
         fixes = self.fixes()
@@ -387,12 +404,13 @@ def plan(run: DoctorRun, candidates: Sequence[str] = ()) -> list[Trial]:
     the data (``_check_applies``): one that cannot apply gets its reason, and no runs."""
     base = replace(run.original.case, epochs=run.budget)
     stem = run.case.name
+    run.producer_ops = producers(run)
     trials = []
     for remedy in (*list_remedies(), *(candidate(name) for name in candidates)):
         name = f"{stem}__{remedy.name.replace(':', '_')}"
         try:
             remedied = case_for(remedy, base, run.variant, run.finding.layer, name)
-            target = _check_applies(remedy, base, remedied, run.finding.ops)
+            target = _check_applies(remedy, base, remedied, run.finding.ops, run.producer_ops)
         except RemedyError as exc:
             trials.append(Trial(remedy, None, run.original.folder, str(exc)))
             continue
@@ -404,6 +422,22 @@ def plan(run: DoctorRun, candidates: Sequence[str] = ()) -> list[Trial]:
         sites = model_sites(target.recipe().model) if remedy.fix_class == OP_GUARD else []
         trials.append(Trial(remedy, remedied, run.original.folder, sites=sites))
     return trials
+
+
+def producers(run: DoctorRun) -> tuple[str, ...]:
+    """The types of the ops that feed the failing op inside the failing layer, nearest
+    first: the guards of those ops are tried too, as RANUM guards an op's inputs, because a
+    failure often shows one op after its cause (the 0 / 0 of a softmax whose ``exp`` terms
+    all underflowed; the log-sum-exp whose empty segment's max is the lowest float). None
+    without a failing layer and op (a loss, an optimizer, the data)."""
+    layer, ops = run.finding.layer, run.finding.ops
+    if not layer or not ops or run.original.case is None:
+        return ()
+    target = _Target(run.original.case, run.original.case, ops)
+    try:
+        return failing_op_producers(target, layer, ops)
+    except StabilityError:
+        return ()
 
 
 #: Data sets already built, by what builds them: every remedy of a doctor (and every doctor
@@ -432,6 +466,7 @@ class _Target:
     before: Case
     after: Case
     failing_ops: tuple[str, ...] = ()
+    producer_ops: tuple[str, ...] = ()
     _recipe: Recipe | None = None
 
     @property
@@ -459,11 +494,15 @@ class _Target:
 
 
 def _check_applies(
-    remedy: Remedy, before: Case, after: Case, failing_ops: tuple[str, ...] = ()
+    remedy: Remedy,
+    before: Case,
+    after: Case,
+    failing_ops: tuple[str, ...] = (),
+    producer_ops: tuple[str, ...] = (),
 ) -> _Target:
     """Ask ``remedy`` whether it applies (its own predicate), then build the remedied
     variant on the remedied data, as its first run would; the target, built."""
-    target = _Target(before, after, failing_ops)
+    target = _Target(before, after, failing_ops, producer_ops)
     reason = remedy.why_not(target)
     if reason is not None:
         raise RemedyError(reason)

@@ -131,9 +131,17 @@ def _log_zero(inputs: Sequence[tf.Tensor]) -> list[tf.Tensor]:
     # nan_to_num(neginf=0)): below tiny the result is 0, and the inner where gives the
     # discarded branch a finite input (1), so its gradient is 0, not 1 / 0 (double where).
     (x,) = inputs
-    inside = tf.greater_equal(x, _const(tiny(x.dtype), x))
+    return [_outside_is_zero(tf.greater_equal(x, _const(tiny(x.dtype), x)), x, tf.math.log)]
+
+
+def _outside_is_zero(
+    inside: tf.Tensor, x: tf.Tensor, f: Callable[[tf.Tensor], tf.Tensor]
+) -> tf.Tensor:
+    """``f(x)`` where ``inside``, else 0: the double-where pattern. The inner where gives
+    the discarded branch a finite input (1), so its gradient is 0 and not ``f'`` at a point
+    outside ``f``'s domain (an outer where alone sends NaN * 0 = NaN back through it)."""
     safe = tf.where(inside, x, tf.ones_like(x))
-    return [tf.where(inside, tf.math.log(safe), tf.zeros_like(x))]
+    return tf.where(inside, f(safe), tf.zeros_like(x))
 
 
 def _log_zero_code(call: str, args: Sequence[str]) -> str:
@@ -209,8 +217,26 @@ def _pow(inputs: Sequence[tf.Tensor]) -> list[tf.Tensor] | None:
     if integral and np.all(np.asarray(static) >= 0):
         return None  # a polynomial: defined everywhere
     inside = tf.not_equal(x, 0) if integral else tf.greater(x, 0)
-    safe = tf.where(inside, x, tf.ones_like(x))
-    return [tf.where(inside, tf.pow(safe, y), tf.zeros_like(x))]
+    return [_outside_is_zero(inside, x, lambda safe: tf.pow(safe, y))]
+
+
+def _segment_max(inputs: Sequence[tf.Tensor]) -> list[tf.Tensor]:
+    # TensorFlow documents that a segment no element maps to gets the dtype's lowest number
+    # (-3.4e38 in float32), which is not the max of anything: a node no edge enters gets
+    # it, and a sum with it (a log-sum-exp adds the max back) or a product by a weight
+    # overflows. Scatter libraries give an empty segment 0 (torch_scatter's scatter_max),
+    # and so does this guard. A real max at the lowest number needs an input at the
+    # overflow threshold already. The gradient is unchanged: no element maps to an empty
+    # segment, and where sends nothing back through the discarded lowest number.
+    data, ids, count = inputs
+    raw = tf.math.unsorted_segment_max(data, ids, count)
+    empty = tf.equal(raw, tf.constant(raw.dtype.min, raw.dtype))
+    return [tf.where(empty, tf.zeros_like(raw), raw)]
+
+
+def _segment_max_code(call: str, args: Sequence[str]) -> str:
+    whole = f"{call}({', '.join(args)})"
+    return f"tf.where({whole} > LOWEST, {whole}, 0.0)"
 
 
 def _wrapped(inner: str) -> Callable[[str, Sequence[str]], str]:
@@ -374,6 +400,17 @@ GUARDS: tuple[OpGuard, ...] = (
         ("reciprocal",),
     ),
     OpGuard(
+        "guard_segment_max",
+        ("UnsortedSegmentMax",),
+        "unsorted_segment_max(X, ...), 0 at an empty segment",
+        "TensorFlow gives a segment no element maps to the lowest number of the dtype, which "
+        "overflows in the next sum or product; scatter libraries give it 0, and so does the "
+        "guard, with the gradient unchanged",
+        _segment_max,
+        _segment_max_code,
+        ("unsorted_segment_max", "segment_max"),
+    ),
+    OpGuard(
         "guard_pow",
         ("Pow",),
         "where(X > 0, pow(where(X > 0, X, 1), Y), 0)",
@@ -449,6 +486,58 @@ def guard_layer(layer: keras.Layer, guard: OpGuard) -> None:
         if callable(original):
             # An instance attribute shadows the class's method; Keras' __call__ calls it.
             object.__setattr__(layer, method, _under(callback, flush, original))
+
+
+def producer_types(
+    layer: keras.Layer, forward: Callable[[Any], Any], inputs: Any, op_types: Sequence[str]
+) -> tuple[str, ...]:
+    """The types of the ops that feed, inside ``layer``'s call, an op of ``op_types`` built
+    there: its inputs' ops, theirs, and so on while they were built in the call, nearest
+    first. ``forward(inputs)`` (a model that holds ``layer``, already built) is traced once
+    in a ``tf.function``; nothing is computed. A guard of one of these ops treats a failure
+    whose cause is upstream of the op that shows it (an ``exp`` whose terms all underflow
+    shows as the 0 / 0 of the softmax's division)."""
+    built: dict[str, Any] = {}
+
+    def callback(op_type: str, ins: Any, attrs: Any, outputs: Any, **where: Any) -> Any:
+        for tensor in outputs if isinstance(outputs, (list, tuple)) else [outputs]:
+            op = getattr(tensor, "op", None)
+            if op is not None and not tf.executing_eagerly():
+                built[op.name] = op
+        return None
+
+    saved = {m: layer.__dict__.get(m) for m in ("call", "forward")}
+    for method in saved:
+        original = getattr(layer, method, None)
+        if callable(original):
+            object.__setattr__(layer, method, _under(callback, lambda: None, original))
+    try:
+        tf.function(forward).get_concrete_function(inputs)
+    finally:
+        for method, value in saved.items():
+            if value is not None:
+                object.__setattr__(layer, method, value)
+            elif method in layer.__dict__:
+                object.__delattr__(layer, method)
+    return _ancestor_types(built, op_types)
+
+
+def _ancestor_types(built: dict[str, Any], op_types: Sequence[str]) -> tuple[str, ...]:
+    """Breadth-first from ``built``'s ops of ``op_types`` through their inputs' ops, kept
+    to ``built``: the types met, nearest first, without ``op_types`` themselves."""
+    queue = [op for op in built.values() if op.type in op_types]
+    seen, found = {op.name for op in queue}, []
+    while queue:
+        op = queue.pop(0)
+        for tensor in op.inputs:
+            source = tensor.op
+            if source.name in seen or source.name not in built:
+                continue
+            seen.add(source.name)
+            queue.append(source)
+            if source.type not in op_types and source.type not in found:
+                found.append(source.type)
+    return tuple(found)
 
 
 def _under(

@@ -19,7 +19,7 @@ are built from the constants and pieces below (``SEED_CLIP``, ``seed_kernel_cons
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from functools import partial
 from typing import Any
@@ -32,7 +32,13 @@ from stability.core.errors import RemedyError
 from stability.core.failures import Cause
 from stability.core.limits import exp_limits
 from stability.data.graphs import batch_graphs
-from stability.model.op_guard import GUARDS, OpGuard, guard_layer, model_sites
+from stability.model.op_guard import (
+    GUARDS,
+    OpGuard,
+    guard_layer,
+    model_sites,
+    producer_types,
+)
 from stability.model.recipe import BuildContext, Recipe
 from stability.model.remedy import (
     DIVERGENCE,
@@ -454,16 +460,17 @@ _CHECK_GRAPHS = 32
 
 
 def _guard_applies(guard: OpGuard, target: Target) -> str | None:
-    """An op guard applies when the failure names an op of its type and the failing layer
-    builds one: the remedied model runs one batch, and the guard must rewrite an op."""
-    if not set(guard.op_types) & set(target.failing_ops):
+    """An op guard applies when the failure names an op of its type, or an op of its type
+    feeds the failing op in its layer (``producer_ops``), and the failing layer builds one:
+    the remedied model runs one batch, and the guard must rewrite an op."""
+    types = set(guard.op_types)
+    if not types & {*target.failing_ops, *target.producer_ops}:
         named = ", ".join(target.failing_ops) or "no op"
-        return f"the failure names {named}, not {' or '.join(guard.op_types)}"
+        ops = " or ".join(guard.op_types)
+        upstream = f", and no {ops} feeds it in its layer" if target.producer_ops else ""
+        return f"the failure names {named}, not {ops}{upstream}"
     recipe = target.recipe()
-    data = target.data_after()[0]
-    dtype = "float64" if target.after.dtype == "float64" else "float32"
-    inputs = batch_graphs(data.train[:_CHECK_GRAPHS], dtype=dtype).as_inputs()
-    run = getattr(recipe.model, "forward", None) or recipe.model
+    run, inputs = _forward(recipe, target)
     try:
         run(inputs)
     except Exception as exc:  # the user's model: any error means the guard cannot apply
@@ -472,6 +479,29 @@ def _guard_applies(guard: OpGuard, target: Target) -> str | None:
     if not model_sites(recipe.model):
         return f"the failing layer builds no {' or '.join(guard.op_types)} op"
     return None
+
+
+def _forward(recipe: Recipe, target: Target) -> tuple[Callable[[Any], Any], Any]:
+    """The remedied model's forward pass and a batch of the first ``_CHECK_GRAPHS``
+    training graphs of the target's data, as the trial's first run feeds it."""
+    data = target.data_after()[0]
+    dtype = "float64" if target.after.dtype == "float64" else "float32"
+    inputs = batch_graphs(data.train[:_CHECK_GRAPHS], dtype=dtype).as_inputs()
+    return getattr(recipe.model, "forward", None) or recipe.model, inputs
+
+
+def failing_op_producers(target: Target, layer: str, ops: Sequence[str]) -> tuple[str, ...]:
+    """The types of the ops that feed an op of ``ops`` inside ``layer`` (a path) of the
+    target's variant, nearest first (``op_guard.producer_types``); none where the layer
+    cannot be found or the model cannot be traced (the user's model: any error)."""
+    recipe = target.recipe()
+    try:
+        found = layer_at(recipe.model, layer)
+        run, inputs = _forward(recipe, target)
+        run(inputs)  # builds the weights, outside the trace
+        return producer_types(found, run, inputs, ops)
+    except Exception:  # the user's model: a failure to trace is no producer, not an error
+        return ()
 
 
 def _same_call(model: keras.Layer, layer: keras.Layer) -> list[keras.Layer]:

@@ -98,12 +98,15 @@ class Target(Protocol):
     ``data_after()`` their data sets; ``recipe()`` is the remedied variant built on the
     first of them as its first run would be (``RemedyError`` when it cannot be built), and
     ``learning_rate`` that run's learning rate; ``failing_ops`` the op types the failure
-    names (the failing op's, and for a gradient op the forward op's whose gradient it is)."""
+    names (the failing op's, and for a gradient op the forward op's whose gradient it is);
+    ``producer_ops`` the types of the ops that feed it inside the failing layer, nearest
+    first (``stability.model.op_guard.producer_types``), where the doctor traced them."""
 
     before: CaseLike
     after: CaseLike
     learning_rate: float
     failing_ops: tuple[str, ...]
+    producer_ops: tuple[str, ...]
 
     def data_before(self) -> Sequence[Dataset]: ...
 
