@@ -16,7 +16,7 @@ from pathlib import Path
 from stability.core.files import atomic_writer
 from stability.doctor.remedies import command
 from stability.doctor.run import BUDGET_FACTOR, GUARD_NAMES, DoctorRun, Trial, median_epoch
-from stability.model.op_guard import guard_named
+from stability.model.op_guard import GUARDS, guard_named
 from stability.model.remedy import HEADROOM, OP_GUARD, list_remedies
 from stability.report.verdicts import DELAY_FACTOR, DELAYS, FIXES, NOT_APPLICABLE
 
@@ -299,12 +299,17 @@ def _producer_sentence(run: DoctorRun, rows: Sequence[dict[str, str]]) -> list[s
         and not set(guard_named(r["remedy"]).op_types) & set(run.finding.ops)
     ]
     named = ", ".join(run.finding.ops)
-    feeding = ", ".join(run.producer_ops)
+    guarded = [op for op in run.producer_ops if any(op in g.op_types for g in GUARDS)]
+    others = len(run.producer_ops) - len(guarded)
+    rest = f"{others} op type{'s' if others != 1 else ''} without a guard"
+    if not guarded:
+        return [f"In `{run.finding.layer}` the failing {named} is fed by {rest}.", ""]
     tail = (
-        f"the guards of theirs were tried there too ({_names(tried, with_verdict=True)})"
+        f"their guards were tried there too ({_names(tried, with_verdict=True)})"
         if tried
-        else "none of them has a guard"
+        else "their guards could not apply there (the table says why)"
     )
+    feeding = ", ".join(guarded) + (f" (and {rest})" if others else "")
     return [f"In `{run.finding.layer}` the failing {named} is fed by {feeding}: {tail}.", ""]
 
 
