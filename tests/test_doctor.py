@@ -1186,3 +1186,36 @@ def test_the_guards_of_the_ops_feeding_the_failing_op_are_tried_after_its_own(
     assert "Sum" not in sentence.partition(":")[0], "an op without a guard is counted, not named"
     trials["guard_divide"].rows = [division]
     assert run.recommended() is trials["guard_exp_shift"]
+
+
+def test_a_failure_in_the_loss_gets_guards_in_the_loss(tmp_path):
+    """A loss is no layer: a Square that overflows in the loss (mllam/neural-lam#537) gets
+    the guards of the ops that feed it there, as ``guard@loss`` variants whose guarded ops
+    are the user's loss's lines. Loads a zoo bug as the zoo's own tests do."""
+    from stability.doctor.run import begin, conclude, follow_ups
+    from stability.zoo.run import BUGS, load_bug
+
+    entry = load_bug(BUGS / "b_softplus_logsigma.toml")
+    run = begin(entry.case, entry.bug.variant, tmp_path)
+    square = {
+        **failed(1, Cause.LOSS.value, layer=""),
+        "first_nan_where": "loss",
+        "first_nan_op": "Square (Square)",
+    }
+    run.original.rows = [square]
+    conclude(run)
+    assert run.finding.site == "loss" and run.producer_ops[0] == "RealDiv", run.producer_ops
+    trials = {t.remedy.name: t for t in run.trials}
+    floor = trials["guard_divide_floor"]
+    assert floor.case.variants == (f"{entry.bug.variant}+guard_divide_floor@loss",)
+    assert {s.op_type for s in floor.sites} == {"RealDiv"}
+    assert all(s.file.endswith("b_softplus_logsigma.py") for s in floor.sites), floor.sites
+    assert trials["guard_sqrt"].case is None
+    # The guarded loss then fails at its Log: the follow-up guards it in the loss too.
+    floor.rows = [{**square, "first_nan_op": "Log (Log)"}]
+    made = [
+        t.case.variants[0]
+        for t in follow_ups(run)
+        if t.remedy.name.startswith("guard_divide_floor+")
+    ]
+    assert f"{entry.bug.variant}+guard_divide_floor@loss+guard_log@loss" in made, made

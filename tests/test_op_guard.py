@@ -20,6 +20,8 @@ CASES = {
     "guard_asin": (lambda x: tf.asin(x), [1.0, 1.0000001], [-0.5, 0.0, 0.9]),
     "guard_exp_cap": (lambda x: tf.exp(x), [100.0, 89.0], [-50.0, 0.0, 40.0]),
     "guard_divide": (lambda x: x / (x - x), [0.0, 3.0], []),
+    # A scale that came out tiny: 1 / 1e-30 is finite, its square is not.
+    "guard_divide_floor": (lambda x: tf.square(1.0 / x), [1e-30, -1e-30], [0.5, -4.0, 1e3]),
     # A -inf mask where x is 0, times x: -inf * 0 (keras-gat's -10e9 * (1 - A) in float16).
     "guard_multiply": (
         lambda x: tf.where(tf.equal(x, 0), tf.fill(tf.shape(x), -np.inf), tf.ones_like(x)) * x,
@@ -249,6 +251,12 @@ REWRITES = [
         "norm = tf.where(deg > 0, tf.pow(tf.where(deg > 0, deg, 1.0), -0.5), 0.0)",
     ),
     ("guard_divide", "a = e / s", "a = tf.math.divide_no_nan(e, s)"),
+    (
+        "guard_divide_floor",
+        "z = (y - mu) / sigma",
+        "z = tf.math.divide(y - mu, tf.where(sigma < 0, tf.minimum(sigma, -1.19e-07), "
+        "tf.maximum(sigma, 1.19e-07)))",
+    ),
     ("guard_log", "return tf.math.log(p)", "return tf.math.log(tf.maximum(p, 1.18e-38))"),
     (
         "guard_log_zero",
@@ -333,3 +341,85 @@ def test_a_product_by_zero_keeps_its_gradient_for_the_other_factor():
     gx, gy = tape.gradient(total, [x, y])
     np.testing.assert_array_equal(gx.numpy(), [0.0, 5.0])
     np.testing.assert_array_equal(gy.numpy(), [3.0, 0.0])
+
+
+def _nll(y_true, y_pred):
+    """A Gaussian NLL whose standard deviation is the second column."""
+    mu, sigma = y_pred[:, 0], y_pred[:, 1]
+    return tf.reduce_mean(tf.math.log(sigma) + 0.5 * tf.square((y_true - mu) / sigma))
+
+
+def test_a_guarded_loss_keeps_its_name_records_its_line_and_chains():
+    """mllam/neural-lam#537: a softplus sigma of 1e-20 squares a residual of 10 into inf.
+    The divisor's floor keeps the loss and its gradient finite; the wrapper is still the
+    user's function to Keras and to the harness (its name, ``inspect.unwrap``)."""
+    from stability.model.op_guard import guard_loss, loss_sites
+
+    y_true = tf.constant([10.0, 1.0])
+    raw_pred = tf.Variable([[0.0, 1e-20], [1.0, 2.0]])
+    assert not np.isfinite(_nll(y_true, raw_pred).numpy())
+    guarded = guard_loss(_nll, guard_named("guard_divide_floor"))
+    assert guarded.__name__ == "_nll" and guarded.__wrapped__ is _nll
+    guarded(y_true, raw_pred)  # eagerly, as the doctor's check: the site and its change
+    [site] = loss_sites(guarded)
+    assert site.op_type == "RealDiv" and site.file == __file__ and site.changed
+
+    @tf.function  # a training step traces the loss: there the guarded value is used
+    def step():
+        with tf.GradientTape() as tape:
+            value = guarded(y_true, raw_pred)
+        return value, tape.gradient(value, raw_pred)
+
+    value, gradient = step()
+    assert np.isfinite(value.numpy()) and np.isfinite(gradient.numpy()).all()
+    chained = guard_loss(guarded, guard_named("guard_log"))
+    chained(y_true, tf.constant([[0.0, 0.0], [1.0, 2.0]]))
+    assert {s.guard for s in loss_sites(chained)} == {"guard_divide_floor", "guard_log"}
+    assert not loss_sites(_nll), "the user's own function is left as it was"
+
+
+def test_a_keras_loss_is_guarded_in_place_and_stays_a_loss():
+    from stability.model.op_guard import guard_loss, loss_sites
+
+    class Nll(keras.losses.Loss):
+        def call(self, y_true, y_pred):
+            return _nll(y_true, y_pred)
+
+    loss = Nll()
+    guarded = guard_loss(loss, guard_named("guard_divide_floor"))
+    assert guarded is loss and isinstance(guarded, keras.losses.Loss)
+    value = tf.function(guarded)(tf.constant([10.0]), tf.constant([[0.0, 1e-20]]))
+    assert np.isfinite(value.numpy()) and loss_sites(loss)
+
+
+def test_the_divisor_floor_keeps_the_sign_and_leaves_a_scale_above_eps_alone():
+    guarded = Op(lambda x: 1.0 / x)
+    guard_layer(guarded, guard_named("guard_divide_floor"))
+    y, _ = _value_and_gradient(guarded, [1e-30, -1e-30, 0.5, -4.0])
+    eps = np.finfo(np.float32).eps
+    np.testing.assert_allclose(y, [1 / eps, -1 / eps, 2.0, -0.25], rtol=1e-6)
+
+
+def test_two_guards_of_one_line_both_rewrite_it(tmp_path):
+    """A chain in a loss (neural-lam#537): the division's floor and the log's guard are on
+    one line, and the division changed nothing on the doctor's first batch (sigma is tiny
+    only after some training): the fix is both, on that line."""
+    from stability.doctor.code_fix import code_fixes
+    from stability.model.op_guard import Site
+
+    path = tmp_path / "nll.py"
+    path.write_text(
+        "def nll(y, mu, sigma):\n"
+        "    return tf.reduce_mean(tf.math.log(sigma) + tf.square((y - mu) / sigma))\n",
+        encoding="utf-8",
+    )
+    sites = [
+        Site("guard_divide_floor", "RealDiv", "truediv", str(path), 2, changed=False),
+        Site("guard_log", "Log", "Log", str(path), 2, changed=True),
+    ]
+    [fix] = code_fixes(sites, "float32")
+    assert fix.after == (
+        "return tf.reduce_mean(tf.math.log(tf.maximum(sigma, 1.18e-38)) + tf.square("
+        "tf.math.divide(y - mu, tf.where(sigma < 0, tf.minimum(sigma, -1.19e-07), "
+        "tf.maximum(sigma, 1.19e-07)))))"
+    )

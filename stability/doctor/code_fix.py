@@ -64,27 +64,43 @@ def bounds(dtype: str) -> dict[str, str]:
 
 
 def code_fixes(sites: Sequence[Site], dtype: str) -> list[CodeFix]:
-    """The rewritten line for each distinct line of ``sites`` (in order), by the guard that
-    rewrote its op; a site whose line cannot be read is left out. Where the guard changed a
-    value at some sites (``Site.changed``, seen on the doctor's eager batch), only those are
-    the fix: the others (``d / cutoff`` with a constant cutoff) compute what they did."""
-    if any(site.changed for site in sites):
-        sites = [site for site in sites if site.changed]
-    fixes, seen = [], set()
-    for site in sites:
-        if site.file is None or site.line is None or (site.file, site.line) in seen:
-            continue
-        seen.add((site.file, site.line))
-        raw = linecache.getline(site.file, site.line).rstrip("\n")
+    """The rewritten line for each distinct line of ``sites`` (in order), by the guards
+    that rewrote its ops; a site whose line cannot be read is left out. Where a guard
+    changed a value at some of its sites (``Site.changed``, seen on the doctor's eager
+    batch), only those are its fix: the others (``d / cutoff`` with a constant cutoff)
+    compute what they did. A guard that changed nothing there (its failure comes after some
+    training) keeps all its sites. Two guards of one line (a chain: the division and the
+    log of a loss) both rewrite it."""
+    by_line: dict[tuple[str, int], dict[tuple, Site]] = {}
+    for site in _kept(sites):
+        if site.file is not None and site.line is not None:
+            group = by_line.setdefault((site.file, site.line), {})
+            group.setdefault((site.guard, site.col, site.end_col), site)
+    fixes = []
+    for (file, line), group in by_line.items():
+        raw = linecache.getline(file, line).rstrip("\n")
         before = raw.strip()
-        if before:
-            indent = len(raw) - len(raw.lstrip())
+        if not before:
+            continue
+        indent = len(raw) - len(raw.lstrip())
+        after = before
+        # The rightmost op first: the columns of the ops left of it stay the line's own.
+        for site in sorted(group.values(), key=lambda s: -1 if s.col is None else -s.col):
             span = None
             if site.col is not None and site.end_col is not None:
                 span = (site.col - indent, site.end_col - indent)
-            after = rewrite_line(before, guard_named(site.guard), dtype, span)
-            fixes.append(CodeFix(site.file, site.line, before, after))
+            after = rewrite_line(after, guard_named(site.guard), dtype, span)
+        fixes.append(CodeFix(file, line, before, after))
     return fixes
+
+
+def _kept(sites: Sequence[Site]) -> list[Site]:
+    """Each guard's sites where it changed a value, or all of them where it changed none."""
+    kept = []
+    for guard in dict.fromkeys(site.guard for site in sites):
+        own = [site for site in sites if site.guard == guard]
+        kept += [site for site in own if site.changed] or own
+    return kept
 
 
 def rewrite_line(line: str, guard: OpGuard, dtype: str, span: tuple[int, int] | None = None) -> str:

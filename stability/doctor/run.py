@@ -45,9 +45,9 @@ from stability.core.failures import Cause, read_cause
 from stability.data import Dataset
 from stability.doctor.code_fix import CodeFix, code_fixes
 from stability.doctor.remedies import candidate, case_for
-from stability.model.op_guard import GUARDS, Site, guard_named, model_sites
+from stability.model.op_guard import GUARDS, LOSS_SITE, Site, guard_named
 from stability.model.recipe import Recipe
-from stability.model.remedies import failing_op_producers
+from stability.model.remedies import failing_op_producers, recipe_sites
 from stability.model.remedy import (
     DIVERGENCE,
     HEADROOM,
@@ -183,6 +183,12 @@ class Finding:
         return text or None
 
     @property
+    def site(self) -> str | None:
+        """Where an op guard goes: the failing layer, or ``LOSS_SITE`` for a failure in the
+        loss (``guard_site``)."""
+        return guard_site(self.first or {})
+
+    @property
     def ops(self) -> tuple[str, ...]:
         """The op types the failure names (``failing_ops``)."""
         return failing_ops(str((self.first or {}).get("first_nan_op") or ""))
@@ -218,6 +224,15 @@ LINEAR_OPS = frozenset(
 
 _OP_TYPE = re.compile(r"\b([A-Z]\w*) \(")
 _GRADIENT_OP = re.compile(r"gradient: (\w+)")
+
+
+def guard_site(row: Row) -> str | None:
+    """Where a guard of ``row``'s failing op goes: its layer, or ``LOSS_SITE`` when it
+    failed in the loss (a function, in no layer); None when neither is known."""
+    layer = str(row.get("first_nan_layer") or "").strip()
+    if layer:
+        return layer
+    return LOSS_SITE if row.get("first_nan_where") == "loss" else None
 
 
 def failing_ops(text: str) -> tuple[str, ...]:
@@ -409,7 +424,8 @@ def plan(run: DoctorRun, candidates: Sequence[str] = ()) -> list[Trial]:
     for remedy in (*list_remedies(), *(candidate(name) for name in candidates)):
         name = f"{stem}__{remedy.name.replace(':', '_')}"
         try:
-            remedied = case_for(remedy, base, run.variant, run.finding.layer, name)
+            where = run.finding.site if remedy.fix_class == OP_GUARD else run.finding.layer
+            remedied = case_for(remedy, base, run.variant, where, name)
             target = _check_applies(remedy, base, remedied, run.finding.ops, run.producer_ops)
         except RemedyError as exc:
             trials.append(Trial(remedy, None, run.original.folder, str(exc)))
@@ -419,7 +435,7 @@ def plan(run: DoctorRun, candidates: Sequence[str] = ()) -> list[Trial]:
                 raise  # the user's own variant: a bad one is bad input
             trials.append(Trial(remedy, None, run.original.folder, str(exc)))
             continue
-        sites = model_sites(target.recipe().model) if remedy.fix_class == OP_GUARD else []
+        sites = recipe_sites(target.recipe()) if remedy.fix_class == OP_GUARD else []
         trials.append(Trial(remedy, remedied, run.original.folder, sites=sites))
     return trials
 
@@ -430,7 +446,7 @@ def producers(run: DoctorRun) -> tuple[str, ...]:
     failure often shows one op after its cause (the 0 / 0 of a softmax whose ``exp`` terms
     all underflowed; the log-sum-exp whose empty segment's max is the lowest float). None
     without a failing layer and op (a loss, an optimizer, the data)."""
-    layer, ops = run.finding.layer, run.finding.ops
+    layer, ops = run.finding.site, run.finding.ops
     if not layer or not ops or run.original.case is None:
         return ()
     target = _Target(run.original.case, run.original.case, ops)
@@ -600,7 +616,7 @@ def follow_ups(run: DoctorRun) -> list[Trial]:
         if row is None or trial.followed or variant.count(REMEDY_MARK) >= MAX_GUARDS:
             continue
         trial.followed = True
-        layer = str(row.get("first_nan_layer") or "").strip() or None
+        layer = guard_site(row)
         ops = failing_ops(str(row.get("first_nan_op") or ""))
         for remedy in [r for r in list_remedies() if r.fix_class == OP_GUARD]:
             step = remedied_name("", remedy.name, layer if remedy.takes_layer else None)
@@ -624,7 +640,7 @@ def _follow_up(run: DoctorRun, trial: Trial, remedy: Remedy, step: str, ops: tup
         target = _check_applies(remedy, trial.case, case, ops)
     except StabilityError:
         return []
-    sites = model_sites(target.recipe().model)
+    sites = recipe_sites(target.recipe())
     if {_place(s) for s in sites} <= {_place(s) for s in trial.sites}:
         return []  # the layer is guarded already, as one of the guarded layer's class
     label = f"{trial.remedy.label}, then {remedy.label} in {step.partition('@')[2] or 'the model'}"

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import functools
+import inspect
 import math
+from collections.abc import Callable
 from typing import Any
 
+import keras
 import tensorflow as tf
 
 
@@ -34,6 +37,21 @@ def prediction_need(loss: Any) -> tuple[int, str] | None:
     """(width, what the columns are) of the predictions ``[num_graphs, width]`` a built-in
     loss needs (``functools.partial`` of it included); None for a loss of the user's own,
     which is then only called on the probe's batch (``stability.train.probe``)."""
+    loss = inspect.unwrap(loss)  # a guarded loss (``op_guard.guard_loss``) is the user's
     while isinstance(loss, functools.partial):
-        loss = loss.func
+        loss = inspect.unwrap(loss.func)
     return (2, "mean and log sigma") if loss is robust_loss else None
+
+
+def loss_predictions(loss: Callable[..., Any], predictions: tf.Tensor) -> tf.Tensor:
+    """``predictions`` as Keras' compiled loss hands them to ``loss``, so that ``run`` and
+    ``Model.fit`` compute the same loss: under a mixed policy the model computes in float16
+    (or bfloat16), and Keras converts the predictions to the loss's dtype, ``floatx``
+    (float32), before any loss function sees them. A ``keras.losses.Loss`` converts them
+    to its own dtype when called, so it gets them as they are; a float32 or float64 model's
+    predictions are left alone (no op is added).
+    """
+    low = predictions.dtype in (tf.float16, tf.bfloat16)
+    if not low or isinstance(loss, keras.losses.Loss):
+        return predictions
+    return tf.cast(predictions, keras.config.floatx())

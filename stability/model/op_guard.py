@@ -184,6 +184,24 @@ def _divide(inputs: Sequence[tf.Tensor]) -> list[tf.Tensor]:
     return [tf.math.divide_no_nan(x, y)]
 
 
+def _divide_floor(inputs: Sequence[tf.Tensor]) -> list[tf.Tensor]:
+    # A divisor that should be a scale (a predicted standard deviation, a norm, a degree)
+    # and comes out tiny makes the quotient overflow long before it is 0: a softplus sigma
+    # of 1e-19 squares a residual of 10 into 1e40. Below eps such a scale is rounding noise
+    # (as for sqrt's floor), so its magnitude is raised to eps, keeping its sign; the
+    # quotient is then at most |x| / eps, and maximum/minimum send no gradient to a divisor
+    # below the floor.
+    x, y = inputs
+    floor = _const(eps(y.dtype), y)
+    return [x / tf.where(y < 0, tf.minimum(y, -floor), tf.maximum(y, floor))]
+
+
+def _divide_floor_code(call: str, args: Sequence[str]) -> str:
+    x, y = _two(args)
+    # A call, not ``x / ...``: the dividend's text may be an operation without its brackets.
+    return f"tf.math.divide({x}, tf.where({y} < 0, tf.minimum({y}, -EPS), tf.maximum({y}, EPS)))"
+
+
 def _multiply(inputs: Sequence[tf.Tensor]) -> list[tf.Tensor]:
     # inf * 0 is NaN (a -inf mask times the 0 of an edge that is there, an overflowed exp
     # times a 0 weight). A non-finite factor is taken as 0 where the other factor is 0, so
@@ -381,6 +399,17 @@ GUARDS: tuple[OpGuard, ...] = (
         ("divide", "truediv", "div"),
     ),
     OpGuard(
+        "guard_divide_floor",
+        ("RealDiv", "Div"),
+        "X / Y, |Y| raised to at least eps",
+        "a divisor that is a scale (a standard deviation, a norm) and comes out tiny makes the "
+        "quotient overflow before it is 0; below the machine epsilon it is rounding noise, so "
+        "its magnitude is raised to eps and the quotient is at most |X| / eps",
+        _divide_floor,
+        _divide_floor_code,
+        ("divide", "truediv", "div"),
+    ),
+    OpGuard(
         "guard_multiply",
         ("Mul",),
         "X * Y, a non-finite factor taken as 0 where the other is 0",
@@ -435,7 +464,7 @@ def guards_for(op_type: str) -> list[OpGuard]:
 
 
 #: The ops each guarded layer rewrote, by layer (kept only while the layer lives).
-_SITES: weakref.WeakKeyDictionary[keras.Layer, list[Site]] = weakref.WeakKeyDictionary()
+_SITES: weakref.WeakKeyDictionary[Any, list[Site]] = weakref.WeakKeyDictionary()
 _ACTIVE = threading.local()
 
 
@@ -452,8 +481,48 @@ def model_sites(model: keras.Layer) -> list[Site]:
 def guard_layer(layer: keras.Layer, guard: OpGuard) -> None:
     """Rewrite every op of ``guard``'s types built in ``layer``'s ``call`` (and ``forward``,
     where the layer has one) from now on, and record each in ``sites(layer)``."""
-    found = _SITES.setdefault(layer, [])
-    #: (outputs, guarded values) whose tape record waits for the layer's call to end.
+    callback, flush = _rewriting(guard, _SITES.setdefault(layer, []))
+    for method in ("call", "forward"):
+        original = getattr(layer, method, None)
+        if callable(original):
+            # An instance attribute shadows the class's method; Keras' __call__ calls it.
+            object.__setattr__(layer, method, _under(callback, flush, original))
+
+
+#: The path a guard of the loss is named by (``guard_log@loss``): a loss is no layer.
+LOSS_SITE = "loss"
+
+
+def guard_loss(loss: Callable[..., Any], guard: OpGuard) -> Callable[..., Any]:
+    """``loss`` with every op of ``guard``'s types it builds rewritten from now on, each
+    recorded in ``loss_sites`` of the returned loss. A ``keras.losses.Loss`` is guarded in
+    place (its ``call``), so Keras still treats it as one; a function is wrapped
+    (``functools.wraps``: its name and attributes stay the user's)."""
+    if isinstance(loss, keras.losses.Loss):
+        callback, flush = _rewriting(guard, _SITES.setdefault(loss, []))
+        object.__setattr__(loss, "call", _under(callback, flush, loss.call))
+        return loss
+    found: list[Site] = []
+    callback, flush = _rewriting(guard, found)
+    guarded = _under(callback, flush, loss)
+    _SITES[guarded] = found
+    return guarded
+
+
+def loss_sites(loss: Callable[..., Any]) -> list[Site]:
+    """Every op the guards on ``loss`` (each wrapper of a chain of them) rewrote so far."""
+    found: list[Site] = []
+    each: Any = loss
+    while each is not None:
+        found += _SITES.get(each, [])
+        each = getattr(each, "__wrapped__", None)
+    return found
+
+
+def _rewriting(guard: OpGuard, found: list[Site]) -> tuple[Callable[..., Any], Callable[[], None]]:
+    """An op callback that rewrites ``guard``'s ops, appending each to ``found``, and the
+    ``flush`` to run when the guarded call returns."""
+    #: (outputs, guarded values) whose tape record waits for the guarded call to end.
     pending: list[tuple[list[tf.Tensor], list[tf.Tensor]]] = []
 
     def callback(op_type: str, inputs: Any, attrs: Any, outputs: Any, **where: Any) -> Any:
@@ -481,11 +550,7 @@ def guard_layer(layer: keras.Layer, guard: OpGuard) -> None:
         while pending:
             record_identity(*pending.pop())
 
-    for method in ("call", "forward"):
-        original = getattr(layer, method, None)
-        if callable(original):
-            # An instance attribute shadows the class's method; Keras' __call__ calls it.
-            object.__setattr__(layer, method, _under(callback, flush, original))
+    return callback, flush
 
 
 def producer_types(
@@ -498,14 +563,7 @@ def producer_types(
     whose cause is upstream of the op that shows it (an ``exp`` whose terms all underflow
     shows as the 0 / 0 of the softmax's division)."""
     built: dict[str, Any] = {}
-
-    def callback(op_type: str, ins: Any, attrs: Any, outputs: Any, **where: Any) -> Any:
-        for tensor in outputs if isinstance(outputs, (list, tuple)) else [outputs]:
-            op = getattr(tensor, "op", None)
-            if op is not None and not tf.executing_eagerly():
-                built[op.name] = op
-        return None
-
+    callback = _recorder(built)
     saved = {m: layer.__dict__.get(m) for m in ("call", "forward")}
     for method in saved:
         original = getattr(layer, method, None)
@@ -520,6 +578,35 @@ def producer_types(
             elif method in layer.__dict__:
                 object.__delattr__(layer, method)
     return _ancestor_types(built, op_types)
+
+
+def function_producer_types(
+    fn: Callable[..., Any], args: Sequence[Any], op_types: Sequence[str]
+) -> tuple[str, ...]:
+    """``producer_types`` for a function (a loss): every op its trace on ``args`` builds is
+    its own."""
+    built: dict[str, Any] = {}
+    callback = _recorder(built)
+
+    def hooked(*values: Any) -> Any:
+        with op_callback_first(callback):
+            return fn(*values)
+
+    tf.function(hooked).get_concrete_function(*args)
+    return _ancestor_types(built, op_types)
+
+
+def _recorder(built: dict[str, Any]) -> Callable[..., Any]:
+    """An op callback that records, by name, every op built while tracing into ``built``."""
+
+    def callback(op_type: str, ins: Any, attrs: Any, outputs: Any, **where: Any) -> Any:
+        for tensor in outputs if isinstance(outputs, (list, tuple)) else [outputs]:
+            op = getattr(tensor, "op", None)
+            if op is not None and not tf.executing_eagerly():
+                built[op.name] = op
+        return None
+
+    return callback
 
 
 def _ancestor_types(built: dict[str, Any], op_types: Sequence[str]) -> tuple[str, ...]:

@@ -32,10 +32,16 @@ from stability.core.errors import RemedyError
 from stability.core.failures import Cause
 from stability.core.limits import exp_limits
 from stability.data.graphs import batch_graphs
+from stability.model.losses import loss_predictions
 from stability.model.op_guard import (
     GUARDS,
+    LOSS_SITE,
     OpGuard,
+    Site,
+    function_producer_types,
     guard_layer,
+    guard_loss,
+    loss_sites,
     model_sites,
     producer_types,
 )
@@ -470,36 +476,55 @@ def _guard_applies(guard: OpGuard, target: Target) -> str | None:
         upstream = f", and no {ops} feeds it in its layer" if target.producer_ops else ""
         return f"the failure names {named}, not {ops}{upstream}"
     recipe = target.recipe()
-    run, inputs = _forward(recipe, target)
     try:
-        run(inputs)
+        _batch_loss(recipe, target)
     except Exception as exc:  # the user's model: any error means the guard cannot apply
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         return f"the guarded model fails on a batch: {type(exc).__name__}: {first}"
-    if not model_sites(recipe.model):
+    if not recipe_sites(recipe):
         return f"the failing layer builds no {' or '.join(guard.op_types)} op"
     return None
 
 
-def _forward(recipe: Recipe, target: Target) -> tuple[Callable[[Any], Any], Any]:
-    """The remedied model's forward pass and a batch of the first ``_CHECK_GRAPHS``
-    training graphs of the target's data, as the trial's first run feeds it."""
+def recipe_sites(recipe: Recipe) -> list[Site]:
+    """Every op the guards on the recipe's model (any layer) and on its loss rewrote."""
+    return [*model_sites(recipe.model), *loss_sites(recipe.loss)]
+
+
+def _batch_loss(recipe: Recipe, target: Target) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+    """The recipe's targets, predictions and loss on the check's batch (eagerly, as the
+    trial's first step computes them), so that every guarded op is built once."""
+    run, inputs, targets = _forward(recipe, target)
+    out = run(inputs)
+    predictions = loss_predictions(
+        recipe.loss, out["predictions"] if isinstance(out, dict) else out
+    )
+    targets = tf.constant(targets, predictions.dtype)
+    return targets, predictions, recipe.loss(targets, predictions)
+
+
+def _forward(recipe: Recipe, target: Target) -> tuple[Callable[[Any], Any], Any, Any]:
+    """The remedied model's forward pass, and the inputs and targets ``[num_graphs]`` of a
+    batch of the first ``_CHECK_GRAPHS`` training graphs of the target's data, as the
+    trial's first run feeds it."""
     data = target.data_after()[0]
     dtype = "float64" if target.after.dtype == "float64" else "float32"
-    inputs = batch_graphs(data.train[:_CHECK_GRAPHS], dtype=dtype).as_inputs()
-    return getattr(recipe.model, "forward", None) or recipe.model, inputs
+    batch = batch_graphs(data.train[:_CHECK_GRAPHS], dtype=dtype)
+    return getattr(recipe.model, "forward", None) or recipe.model, batch.as_inputs(), batch.targets
 
 
 def failing_op_producers(target: Target, layer: str, ops: Sequence[str]) -> tuple[str, ...]:
-    """The types of the ops that feed an op of ``ops`` inside ``layer`` (a path) of the
-    target's variant, nearest first (``op_guard.producer_types``); none where the layer
-    cannot be found or the model cannot be traced (the user's model: any error)."""
+    """The types of the ops that feed an op of ``ops`` inside ``layer`` (a path, or
+    ``LOSS_SITE`` for the loss) of the target's variant, nearest first
+    (``op_guard.producer_types``); none where the layer cannot be found or the model cannot
+    be traced (the user's model: any error)."""
     recipe = target.recipe()
     try:
-        found = layer_at(recipe.model, layer)
-        run, inputs = _forward(recipe, target)
-        run(inputs)  # builds the weights, outside the trace
-        return producer_types(found, run, inputs, ops)
+        targets, predictions, _ = _batch_loss(recipe, target)  # builds the weights, eagerly
+        if layer == LOSS_SITE:
+            return function_producer_types(recipe.loss, (targets, predictions), ops)
+        run, inputs, _ = _forward(recipe, target)
+        return producer_types(layer_at(recipe.model, layer), run, inputs, ops)
     except Exception:  # the user's model: a failure to trace is no producer, not an error
         return ()
 
@@ -516,6 +541,8 @@ def _same_call(model: keras.Layer, layer: keras.Layer) -> list[keras.Layer]:
 
 def _register_guard(guard: OpGuard) -> None:
     def change(recipe: Recipe, ctx: BuildContext, layer: str | None) -> Recipe:
+        if layer == LOSS_SITE:  # a failure in the loss: the user's loss function is guarded
+            return replace(recipe, loss=guard_loss(recipe.loss, guard))
         # The fix is a line of the layer's class, so the proof guards every instance of it:
         # the second of two attention layers meets the same 0 / 0 on other weights or data.
         for each in _same_call(recipe.model, _layer(recipe.model, layer)):

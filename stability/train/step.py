@@ -8,6 +8,7 @@ from typing import Any
 import keras
 import tensorflow as tf
 
+from stability.model.losses import loss_predictions
 from stability.model.recipe import Recipe
 from stability.train import guard as step_guard
 from stability.train.checks import all_finite
@@ -87,20 +88,6 @@ def step_loss(
         loss = real_mean(loss, inputs)
     total = loss + tf.add_n(recipe.model.losses) if recipe.model.losses else loss
     return loss, total
-
-
-def loss_predictions(loss: Callable[..., Any], predictions: tf.Tensor) -> tf.Tensor:
-    """``predictions`` as Keras' compiled loss hands them to ``loss``, so that ``run`` and
-    ``Model.fit`` compute the same loss: under a mixed policy the model computes in float16
-    (or bfloat16), and Keras converts the predictions to the loss's dtype, ``floatx``
-    (float32), before any loss function sees them. A ``keras.losses.Loss`` converts them
-    to its own dtype when called, so it gets them as they are; a float32 or float64 model's
-    predictions are left alone (no op is added).
-    """
-    low = predictions.dtype in (tf.float16, tf.bfloat16)
-    if not low or isinstance(loss, keras.losses.Loss):
-        return predictions
-    return tf.cast(predictions, keras.config.floatx())
 
 
 def total_loss(
