@@ -11,9 +11,9 @@ import pytest
 import tensorflow as tf
 
 from stability import BuildContext
+from stability.model.losses import loss_predictions
 from stability.model.recipe import Recipe, Variant
 from stability.train.config import TrainConfig
-from stability.train.step import loss_predictions
 from stability.train.trainer import Trainer
 
 

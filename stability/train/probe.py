@@ -25,11 +25,10 @@ import tensorflow as tf
 from stability.core.errors import ModelError
 from stability.data import Dataset
 from stability.data.graphs import batch_graphs
-from stability.model.losses import prediction_need
+from stability.model.losses import loss_predictions, prediction_need
 from stability.model.recipe import Recipe
 from stability.train.config import storage_dtype
 from stability.train.forward import forward
-from stability.train.step import loss_predictions
 
 #: How many training graphs the probe's batch holds: enough for several graphs per batch
 #: (a pooling over graphs is exercised), few enough to cost milliseconds.
