@@ -423,3 +423,16 @@ def test_two_guards_of_one_line_both_rewrite_it(tmp_path):
         "tf.math.divide(y - mu, tf.where(sigma < 0, tf.minimum(sigma, -1.19e-07), "
         "tf.maximum(sigma, 1.19e-07)))))"
     )
+
+
+def test_a_guard_replaces_the_op_in_a_traced_call_only():
+    """docs/doctor.md says so: eagerly TensorFlow runs the raw op (the doctor's eager batch
+    only records the site and whether the guard changed it); a traced call uses the guard.
+    Fails when TensorFlow starts to use a callback's outputs eagerly too."""
+    guarded = Op(tf.sqrt)
+    guard_layer(guarded, guard_named("guard_sqrt"))
+    x = tf.constant([-1.0, 4.0])
+    eager, traced = guarded(x).numpy(), tf.function(guarded)(x).numpy()
+    assert np.isnan(eager[0]) and eager[1] == 2.0
+    assert np.isfinite(traced).all() and traced[1] == 2.0
+    assert [s.changed for s in sites(guarded)] == [True, None]
