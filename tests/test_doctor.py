@@ -1209,6 +1209,8 @@ def test_a_failure_in_the_loss_gets_guards_in_the_loss(tmp_path):
     floor = trials["guard_divide_floor"]
     assert floor.case.variants == (f"{entry.bug.variant}+guard_divide_floor@loss",)
     assert {s.op_type for s in floor.sites} == {"RealDiv"}
+    _, lines = report(run)
+    assert line(lines, "In `loss` the failing Square is fed by RealDiv"), "the site, not None"
     assert all(s.file.endswith("b_softplus_logsigma.py") for s in floor.sites), floor.sites
     assert trials["guard_sqrt"].case is None
     # The guarded loss then fails at its Log: the follow-up guards it in the loss too.

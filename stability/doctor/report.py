@@ -303,14 +303,14 @@ def _producer_sentence(run: DoctorRun, rows: Sequence[dict[str, str]]) -> list[s
     others = len(run.producer_ops) - len(guarded)
     rest = f"{others} op type{'s' if others != 1 else ''} without a guard"
     if not guarded:
-        return [f"In `{run.finding.layer}` the failing {named} is fed by {rest}.", ""]
+        return [f"In `{run.finding.site}` the failing {named} is fed by {rest}.", ""]
     tail = (
         f"their guards were tried there too ({_names(tried, with_verdict=True)})"
         if tried
         else "their guards could not apply there (the table says why)"
     )
     feeding = ", ".join(guarded) + (f" (and {rest})" if others else "")
-    return [f"In `{run.finding.layer}` the failing {named} is fed by {feeding}: {tail}.", ""]
+    return [f"In `{run.finding.site}` the failing {named} is fed by {feeding}: {tail}.", ""]
 
 
 def _guard_of_another_op(row: dict[str, str]) -> bool:

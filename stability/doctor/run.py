@@ -51,11 +51,11 @@ from stability.model.remedies import failing_op_producers, recipe_sites
 from stability.model.remedy import (
     DIVERGENCE,
     HEADROOM,
-    LAYER_MARK,
     OP_GUARD,
     REMEDY_MARK,
     WEIGHT_GROWTH,
     Remedy,
+    chain_parts,
     list_remedies,
     remedied_name,
 )
@@ -374,7 +374,7 @@ class DoctorRun:
     def guards_failing_op(self, trial: Trial) -> bool:
         """Whether an op guard's trial (or one of its chain, ``guard_a+guard_b@layer``)
         guards an op of the type the failure names, not only the ops that feed it."""
-        guards = [part.partition(LAYER_MARK)[0] for part in trial.remedy.name.split(REMEDY_MARK)]
+        guards = chain_parts(trial.remedy.name)
         named = set(self.finding.ops)
         return any(named & set(guard_named(g).op_types) for g in guards if g in GUARD_NAMES)
 

@@ -261,3 +261,9 @@ def _change(name: str, spec: str) -> tuple[RecipeChange, str | None]:
         raise StabilityError(f"variant {name!r}: remedy {remedy_name!r} takes no {LAYER_MARK}layer")
     assert remedy.model is not None  # a model remedy's, by get_model_remedy
     return remedy.model, layer or None
+
+
+def chain_parts(name: str) -> list[str]:
+    """The remedies a (chained) remedy's name joins, without their layers:
+    ``guard_pow+guard_pow@second`` -> ``["guard_pow", "guard_pow"]``."""
+    return [part.partition(LAYER_MARK)[0] for part in name.split(REMEDY_MARK)]

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from stability.core.files import atomic_writer
 from stability.model.op_guard import guard_named
-from stability.model.remedy import OP_GUARD, Remedy
+from stability.model.remedy import OP_GUARD, Remedy, chain_parts
 from stability.report.verdicts import NOT_APPLICABLE
 from stability.zoo.run import ZooEntry
 
@@ -179,7 +179,7 @@ def fix_right(remedy: Remedy, bug) -> bool:
     if remedy.fix_class != OP_GUARD:
         return False
     # A chain of guards (``guard_pow+guard_pow@layer``) is right when one guards the bug's op.
-    guards = [part.partition("@")[0] for part in remedy.name.split("+")]
+    guards = chain_parts(remedy.name)
     return any(_op_matches(bug.op, op) for g in guards for op in guard_named(g).op_types)
 
 
