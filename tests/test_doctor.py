@@ -1221,3 +1221,32 @@ def test_a_failure_in_the_loss_gets_guards_in_the_loss(tmp_path):
         if t.remedy.name.startswith("guard_divide_floor+")
     ]
     assert f"{entry.bug.variant}+guard_divide_floor@loss+guard_log@loss" in made, made
+
+
+def test_weights_that_do_not_sum_to_1_get_the_guards_of_their_layers_ops(tmp_path):
+    """A normalization failure names its layer and no op (Graph-Learn's GATConv, whose
+    softmax over a length-1 axis makes every weight 1): every op type the layer builds is a
+    producer, so the segment softmax is tried there, reading the ids of the segment sum the
+    weights feed, and the report names the layer's ops, not a failing op. Loads a zoo bug as
+    the zoo's own tests do."""
+    from stability.doctor.run import begin, conclude
+    from stability.zoo.run import BUGS, load_bug
+
+    entry = load_bug(BUGS / "s_graphlearn_gat_softmax.toml")
+    run = begin(entry.case, entry.bug.variant, tmp_path)
+    weights = {
+        **failed(1, Cause.NORMALIZATION.value, layer="gat_conv"),
+        "first_nan_op": "softmax normalization: weights sum to 2 at 8 of 39 nodes",
+    }
+    run.original.rows = [weights]
+    conclude(run)
+    assert not run.finding.ops and "Softmax" in run.producer_ops, run.producer_ops
+    trials = {t.remedy.name: t for t in run.trials}
+    segment = trials["guard_softmax_segment"]
+    assert segment.case is not None, segment.reason
+    assert {s.op_type for s in segment.sites} == {"Softmax"}
+    assert {s.segments for s in segment.sites} == {"receivers"}, segment.sites
+    assert segment.remedy.fix_class == "architecture change" and segment.remedy.is_op_guard
+    assert trials["guard_exp_segment_shift"].case is None, "the layer builds no Exp"
+    _, lines = report(run)
+    assert "Softmax" in line(lines, "`gat_conv` computes its weights with")

@@ -89,7 +89,7 @@ def code_fixes(sites: Sequence[Site], dtype: str) -> list[CodeFix]:
             span = None
             if site.col is not None and site.end_col is not None:
                 span = (site.col - indent, site.end_col - indent)
-            after = rewrite_line(after, guard_named(site.guard), dtype, span)
+            after = rewrite_line(after, guard_named(site.guard), dtype, span, site.segments)
         fixes.append(CodeFix(file, line, before, after))
     return fixes
 
@@ -103,12 +103,19 @@ def _kept(sites: Sequence[Site]) -> list[Site]:
     return kept
 
 
-def rewrite_line(line: str, guard: OpGuard, dtype: str, span: tuple[int, int] | None = None) -> str:
+def rewrite_line(
+    line: str,
+    guard: OpGuard,
+    dtype: str,
+    span: tuple[int, int] | None = None,
+    segments: str | None = None,
+) -> str:
     """``line`` with the call (or operator) that builds ``guard``'s op rewritten as the
     guard computes it: the one at the columns ``span`` (where the op was built) when that
     is such a call, else the innermost; the guard's expression alone, as a comment, where
-    the line holds no such call."""
-    constants = bounds(dtype)
+    the line holds no such call. A segmented guard's ids are ``segments`` (the user's text
+    of them), or ``SEGMENT_IDS`` where the doctor could not read them."""
+    constants = {**bounds(dtype), "IDS": segments or "SEGMENT_IDS"}
     tree, shift, text = _parse(line)
     if span is not None:
         span = (span[0] + shift, span[1] + shift)

@@ -302,21 +302,28 @@ def _producer_sentence(run: DoctorRun, rows: Sequence[dict[str, str]]) -> list[s
     guarded = [op for op in run.producer_ops if any(op in g.op_types for g in GUARDS)]
     others = len(run.producer_ops) - len(guarded)
     rest = f"{others} op type{'s' if others != 1 else ''} without a guard"
+    # A failure that names no op (weights that do not sum to 1) has its layer's ops instead.
+    opening = (
+        f"In `{run.finding.site}` the failing {named} is fed by"
+        if named
+        else f"`{run.finding.site}` computes its weights with"
+    )
     if not guarded:
-        return [f"In `{run.finding.site}` the failing {named} is fed by {rest}.", ""]
+        return [f"{opening} {rest}.", ""]
     tail = (
-        f"their guards were tried there too ({_names(tried, with_verdict=True)})"
+        f"their guards were tried there{' too' if named else ''} "
+        f"({_names(tried, with_verdict=True)})"
         if tried
         else "their guards could not apply there (the table says why)"
     )
     feeding = ", ".join(guarded) + (f" (and {rest})" if others else "")
-    return [f"In `{run.finding.site}` the failing {named} is fed by {feeding}: {tail}.", ""]
+    return [f"{opening} {feeding}: {tail}.", ""]
 
 
 def _guard_of_another_op(row: dict[str, str]) -> bool:
     """An op guard left out because the failure names another op (``_guard_applies``)."""
     return (
-        row["fix_class"] == OP_GUARD
+        row["family"] == OP_GUARD
         and row["verdict"] == NOT_APPLICABLE
         and row["reason"].startswith("the failure names ")
     )

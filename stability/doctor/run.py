@@ -365,7 +365,7 @@ class DoctorRun:
         return (
             not self.keeps_accuracy(trial),
             LOCALITY.index(trial.remedy.fix_class),
-            trial.remedy.fix_class == OP_GUARD and not self.guards_failing_op(trial),
+            trial.remedy.is_op_guard and not self.guards_failing_op(trial),
             trial.remedy.name.count(REMEDY_MARK),
             mae is None,
             mae or 0.0,
@@ -385,7 +385,7 @@ class DoctorRun:
     def code_fixes(self, trial: Trial) -> list[CodeFix]:
         """The lines of the user's code an op guard's trial rewrites, before and after, with
         the case dtype's bounds written out; none for another remedy."""
-        if trial.remedy.fix_class != OP_GUARD or not trial.sites:
+        if not trial.remedy.is_op_guard or not trial.sites:
             return []
         return code_fixes(trial.sites, self.original.case.dtype)
 
@@ -424,7 +424,7 @@ def plan(run: DoctorRun, candidates: Sequence[str] = ()) -> list[Trial]:
     for remedy in (*list_remedies(), *(candidate(name) for name in candidates)):
         name = f"{stem}__{remedy.name.replace(':', '_')}"
         try:
-            where = run.finding.site if remedy.fix_class == OP_GUARD else run.finding.layer
+            where = run.finding.site if remedy.is_op_guard else run.finding.layer
             remedied = case_for(remedy, base, run.variant, where, name)
             target = _check_applies(remedy, base, remedied, run.finding.ops, run.producer_ops)
         except RemedyError as exc:
@@ -435,7 +435,7 @@ def plan(run: DoctorRun, candidates: Sequence[str] = ()) -> list[Trial]:
                 raise  # the user's own variant: a bad one is bad input
             trials.append(Trial(remedy, None, run.original.folder, str(exc)))
             continue
-        sites = recipe_sites(target.recipe()) if remedy.fix_class == OP_GUARD else []
+        sites = recipe_sites(target.recipe()) if remedy.is_op_guard else []
         trials.append(Trial(remedy, remedied, run.original.folder, sites=sites))
     return trials
 
@@ -444,10 +444,14 @@ def producers(run: DoctorRun) -> tuple[str, ...]:
     """The types of the ops that feed the failing op inside the failing layer, nearest
     first: the guards of those ops are tried too, as RANUM guards an op's inputs, because a
     failure often shows one op after its cause (the 0 / 0 of a softmax whose ``exp`` terms
-    all underflowed; the log-sum-exp whose empty segment's max is the lowest float). None
+    all underflowed; the log-sum-exp whose empty segment's max is the lowest float). For
+    weights that do not sum to 1 (no op named), every op type the layer builds. None
     without a failing layer and op (a loss, an optimizer, the data)."""
     layer, ops = run.finding.site, run.finding.ops
-    if not layer or not ops or run.original.case is None:
+    # Weights that do not sum to 1 name their layer and no op: every op of the layer that
+    # computes them is a candidate, so the guards of all its op types are tried.
+    normalization = run.finding.symptom == Cause.NORMALIZATION.value
+    if not layer or not (ops or normalization) or run.original.case is None:
         return ()
     target = _Target(run.original.case, run.original.case, ops)
     try:
@@ -610,7 +614,7 @@ def follow_ups(run: DoctorRun) -> list[Trial]:
     and that it does not guard yet, the trial with that site guarded too, checked as
     ``plan`` checks a remedy; not yet trained."""
     made = []
-    for trial in [t for t in run.trials if t.remedy.fix_class == OP_GUARD and t.case]:
+    for trial in [t for t in run.trials if t.remedy.is_op_guard and t.case]:
         row = _first_failing(trial)
         variant = trial.case.variants[0]
         if row is None or trial.followed or variant.count(REMEDY_MARK) >= MAX_GUARDS:
@@ -618,7 +622,7 @@ def follow_ups(run: DoctorRun) -> list[Trial]:
         trial.followed = True
         layer = guard_site(row)
         ops = failing_ops(str(row.get("first_nan_op") or ""))
-        for remedy in [r for r in list_remedies() if r.fix_class == OP_GUARD]:
+        for remedy in [r for r in list_remedies() if r.is_op_guard]:
             step = remedied_name("", remedy.name, layer if remedy.takes_layer else None)
             if step.removeprefix(REMEDY_MARK) in variant.split(REMEDY_MARK)[1:]:
                 continue  # that site is guarded already, and failed again

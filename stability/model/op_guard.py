@@ -20,15 +20,17 @@ library and this module), which the doctor prints as the fix.
 
 from __future__ import annotations
 
+import ast
 import functools
 import inspect
+import linecache
 import math
 import sys
 import sysconfig
 import threading
 import weakref
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +60,12 @@ class OpGuard:
     code: Callable[[str, Sequence[str]], str]
     #: Names a user's call to the op has (``sqrt`` in ``tf.sqrt``, ``keras.ops.sqrt``).
     calls: tuple[str, ...] = ()
+    #: A segmented guard's rewrite also takes the segment ids its op's rows are grouped by
+    #: (``segment_ids``): ``rewrite(inputs, ids)``; it leaves an op without them alone.
+    segmented: bool = False
+    #: The class of fix the guard is (``stability.model.remedy.FIX_CLASSES``): an op guard,
+    #: or, for a guard that recomputes what the op means, the class its change is.
+    fix_class: str = "op guard"
 
 
 @dataclass(frozen=True)
@@ -77,6 +85,9 @@ class Site:
     #: Whether the guard changed a value of the op's outputs, where it saw them (an eager
     #: call); None in a traced step, whose values are not known when the op is built.
     changed: bool | None = None
+    #: A segmented guard's segment ids as the user's code names them (the ids argument of
+    #: the segment reduction the op feeds), where the line says; None otherwise.
+    segments: str | None = None
 
 
 def eps(dtype: tf.DType) -> float:
@@ -308,6 +319,58 @@ def _exp_shift_code(call: str, args: Sequence[str]) -> str:
     return f"{call}({x} - tf.stop_gradient(tf.reduce_max({x})))"
 
 
+def _segment_count(ids: tf.Tensor) -> tf.Tensor:
+    # Enough segments for every id present (an empty ids tensor gives 0): the result is
+    # gathered back at the ids, so segments no row maps to are never read.
+    return tf.maximum(tf.reduce_max(ids) + 1, tf.zeros([], ids.dtype))
+
+
+def _segment_top(x: tf.Tensor, ids: tf.Tensor) -> tf.Tensor:
+    """Each row's segment maximum of ``x`` ``[rows, ...]`` by ``ids`` ``[rows]``, gathered
+    back to the rows: a constant to the tape (as in every stable softmax, the ratio's
+    gradient does not depend on it), and 0 where it is not finite (an inf row)."""
+    top = tf.math.unsorted_segment_max(x, ids, _segment_count(ids))
+    top = tf.stop_gradient(tf.gather(top, ids))
+    return tf.where(tf.math.is_finite(top), top, tf.zeros_like(top))
+
+
+def _exp_segment_shift(inputs: Sequence[tf.Tensor], ids: tf.Tensor) -> list[tf.Tensor]:
+    # exp(x - max of x over its segment): each segment's terms are scaled by their own
+    # exp(-max), which cancels in the segment's ratio (the softmax over a node's edges);
+    # each segment's largest term is exactly 1. A shift by the batch's one max (guard_exp_shift)
+    # underflows every term of a segment far below that max, and its sum is 0.
+    (x,) = inputs
+    return [tf.exp(x - _segment_top(x, ids))]
+
+
+def _softmax_segment(inputs: Sequence[tf.Tensor], ids: tf.Tensor) -> list[tf.Tensor]:
+    # The softmax over each segment's rows (a node's incoming edges, a graph's nodes) in
+    # place of the op's softmax over its last axis: the rows are grouped by the ids of the
+    # segment sum the weights feed, which is what the weights are normalized for. Shifted by
+    # each segment's max, so its largest term is 1 and its sum at least 1: never 0 / 0.
+    (x,) = inputs
+    terms = tf.exp(x - _segment_top(x, ids))
+    total = tf.gather(tf.math.unsorted_segment_sum(terms, ids, _segment_count(ids)), ids)
+    return [terms / total]
+
+
+def _exp_segment_shift_code(call: str, args: Sequence[str]) -> str:
+    x = args[0] if args else "x"
+    return (
+        f"{call}({x} - tf.stop_gradient(tf.gather(tf.math.unsorted_segment_max({x}, IDS, "
+        "tf.reduce_max(IDS) + 1), IDS)))"
+    )
+
+
+def _softmax_segment_code(call: str, args: Sequence[str]) -> str:
+    x = args[0] if args else "x"
+    shifted = _exp_segment_shift_code("tf.exp", [x])
+    return (
+        f"({shifted} / tf.gather(tf.math.unsorted_segment_sum({shifted}, IDS, "
+        "tf.reduce_max(IDS) + 1), IDS))"
+    )
+
+
 _EPS = "machine epsilon"
 GUARDS: tuple[OpGuard, ...] = (
     OpGuard(
@@ -450,6 +513,32 @@ GUARDS: tuple[OpGuard, ...] = (
         _pow_code,
         ("pow", "power"),
     ),
+    OpGuard(
+        "guard_exp_segment_shift",
+        ("Exp",),
+        "exp(X - max of X over its segment)",
+        "each segment's terms (a node's edges) are scaled by their own exp(-max), which "
+        "cancels in the segment's ratio; each segment's largest term is 1, so no segment's "
+        "terms all vanish, as they do under one shift for the whole batch",
+        _exp_segment_shift,
+        _exp_segment_shift_code,
+        ("exp",),
+        segmented=True,
+        fix_class="stable reformulation",
+    ),
+    OpGuard(
+        "guard_softmax_segment",
+        ("Softmax",),
+        "softmax of X over its segment",
+        "the weights are summed by segment (a node's incoming edges, a graph's nodes), so "
+        "each segment's weights are what must sum to 1: a softmax over another axis (one "
+        "edge's heads, a length-1 axis, the whole batch) does not normalize them",
+        _softmax_segment,
+        _softmax_segment_code,
+        ("softmax",),
+        segmented=True,
+        fix_class="architecture change",
+    ),
 )
 
 
@@ -521,18 +610,28 @@ def loss_sites(loss: Callable[..., Any]) -> list[Site]:
 
 def _rewriting(guard: OpGuard, found: list[Site]) -> tuple[Callable[..., Any], Callable[[], None]]:
     """An op callback that rewrites ``guard``'s ops, appending each to ``found``, and the
-    ``flush`` to run when the guarded call returns."""
+    ``flush`` to run when the guarded call returns. A segmented guard's callback also keeps
+    the call's layout (``_Layout``): ``callback.begin(method, args, kwargs)`` starts it."""
     #: (outputs, guarded values) whose tape record waits for the guarded call to end.
     pending: list[tuple[list[tf.Tensor], list[tf.Tensor]]] = []
+    layouts: list[_Layout] = []
 
     def callback(op_type: str, inputs: Any, attrs: Any, outputs: Any, **where: Any) -> Any:
-        if op_type not in guard.op_types or not _floating(inputs) or _ACTIVE.__dict__.get("busy"):
+        if _ACTIVE.__dict__.get("busy") or _ACTIVE.__dict__.get("surveying"):
+            return None
+        layout = layouts[-1] if layouts else None
+        index = layout.built(op_type, outputs) if layout is not None else None
+        if op_type not in guard.op_types or not _floating(inputs):
             return None
         # Eagerly, the ops the rewrite runs come back to this callback (TensorFlow guards
         # against that only while tracing): the flag leaves them alone.
         _ACTIVE.busy = True
         try:
-            new = guard.rewrite(inputs)
+            if guard.segmented:
+                ids = layout.segment_ids(index) if layout is not None else None
+                new = None if ids is None else guard.rewrite(inputs, ids)
+            else:
+                new = guard.rewrite(inputs)
             returned = None if new is None else [tf.identity(t) for t in new]
         finally:
             _ACTIVE.busy = False
@@ -543,14 +642,205 @@ def _rewriting(guard: OpGuard, found: list[Site]) -> tuple[Callable[..., Any], C
         # recorded, ``flush`` records them again as the identity of the guarded values.
         pending.append((returned, new))
         name = str(where.get("op_name") or op_type)
-        found.append(Site(guard.name, op_type, name, *user_frame(), _changed(outputs, new)))
+        segments = layout.segments_text(index) if guard.segmented and layout else None
+        site = Site(guard.name, op_type, name, *user_frame(), _changed(outputs, new), segments)
+        found.append(site)
         return returned
 
     def flush() -> None:
         while pending:
             record_identity(*pending.pop())
+        if layouts:
+            layouts.pop()
 
+    def begin(method: Callable[..., Any], args: tuple, kwargs: dict) -> None:
+        layouts.append(_Layout.survey(method, args, kwargs, guard.op_types))
+
+    if guard.segmented:
+        callback.begin = begin  # type: ignore[attr-defined]
     return callback, flush
+
+
+#: Ops that reduce rows into segments, with their data (input 0) and ids (input 1): a
+#: segmented guard groups its op's rows by the ids of the nearest one its output feeds.
+SEGMENT_REDUCERS = frozenset(
+    {
+        "UnsortedSegmentSum",
+        "UnsortedSegmentMax",
+        "UnsortedSegmentMin",
+        "UnsortedSegmentProd",
+        "SegmentSum",
+        "SegmentMean",
+        "SegmentMax",
+    }
+)
+#: How many ops downstream of a guarded op its segment reduction is looked for.
+_SEGMENT_DEPTH = 6
+
+
+@dataclass
+class _Layout:
+    """Where, in one call of a guarded method, the segment ids of each op of the guard's
+    types are: the call's ``k``-th argument (its leaves flattened, ``tf.nest``) or the
+    ``j``-th output of the ``k``-th op the call builds (``("arg", k)``, ``("op", k, j)``;
+    None where the op's output feeds no segment reduction). ``survey`` finds them by
+    tracing the call once in a ``tf.function`` (nothing is computed); the guarded call then
+    counts the ops it builds in the same order and reads the ids from its own tensors."""
+
+    leaves: list[Any]
+    places: list[tuple | None]
+    #: The user's text of each place's ids (``reducer_ids_text``), or None.
+    texts: list[str | None] = field(default_factory=list)
+    ops: list[list[Any]] = field(default_factory=list)
+    guarded: list[int] = field(default_factory=list)
+
+    @classmethod
+    def survey(
+        cls, method: Callable[..., Any], args: tuple, kwargs: dict, op_types: Sequence[str]
+    ) -> _Layout:
+        leaves = tf.nest.flatten((args, kwargs))
+        slots = [i for i, leaf in enumerate(leaves) if isinstance(leaf, tf.Tensor)]
+        built: list[Any] = []
+        frames: dict[str, tuple] = {}
+        received: list[Any] = []
+
+        def traced(*tensors: Any) -> Any:
+            filled = list(leaves)
+            for slot, tensor in zip(slots, tensors, strict=True):
+                filled[slot] = tensor
+            received.extend(tensors)
+            a, k = tf.nest.pack_sequence_as((args, kwargs), filled)
+            with op_callback_first(_sequence(built, frames)):
+                return method(*a, **k)
+
+        specs = [tf.TensorSpec(leaves[i].shape, leaves[i].dtype) for i in slots]
+        surveying = _ACTIVE.__dict__.get("surveying", False)
+        _ACTIVE.surveying = True  # the guards of this call leave the survey's ops alone
+        try:
+            # No autograph, as Keras runs a layer's call (its code is not converted): the
+            # survey builds the ops the guarded call builds, in the same order.
+            tf.function(traced, autograph=False).get_concrete_function(*specs)
+        except Exception:  # a call that cannot be traced alone: no op gets segment ids
+            return cls(leaves, [])
+        finally:
+            _ACTIVE.surveying = surveying
+        names = {op.name: k for k, op in enumerate(built)}
+        args_at = {t.name: slot for slot, t in zip(slots, received, strict=True)}
+        reducers = [_reduction(op, names) for op in built if op.type in op_types]
+        places = [_place_of(r and r.inputs[1], names, args_at) for r in reducers]
+        texts = [r and reducer_ids_text(*frames.get(r.name, ())) for r in reducers]
+        return cls(leaves, places, texts)
+
+    def built(self, op_type: str, outputs: Any) -> int | None:
+        """Count an op the guarded call built; its index among the guard's ops, if one."""
+        if op_type in _UNCOUNTED:
+            return None
+        self.ops.append(list(outputs) if isinstance(outputs, (list, tuple)) else [outputs])
+        return len(self.ops) - 1
+
+    def segments_text(self, index: int | None) -> str | None:
+        """The user's text of the ids ``segment_ids(index)`` read, where known."""
+        order = len(self.guarded) - 1
+        return self.texts[order] if index is not None and 0 <= order < len(self.texts) else None
+
+    def segment_ids(self, index: int | None) -> tf.Tensor | None:
+        """The segment ids of the guard's op built ``index``-th in the call, or None."""
+        if index is None:
+            return None
+        self.guarded.append(index)
+        order = len(self.guarded) - 1
+        place = self.places[order] if order < len(self.places) else None
+        if place is None:
+            return None
+        if place[0] == "arg":
+            ids = self.leaves[place[1]]
+        elif place[1] < len(self.ops) and place[2] < len(self.ops[place[1]]):
+            ids = self.ops[place[1]][place[2]]
+        else:
+            return None
+        return ids if ids.dtype.is_integer and ids.shape.rank in (None, 1) else None
+
+
+#: Op types not counted in a call's layout: a constant is an op while tracing but not when
+#: run eagerly, and a graph makes a placeholder for a variable only the first time a call
+#: reads it, so counting either would shift the indices between the survey and the call.
+_UNCOUNTED = frozenset({"Const", "Placeholder"})
+
+
+def _sequence(built: list[Any], frames: dict[str, tuple]) -> Callable[..., Any]:
+    """An op callback that appends every op built while tracing to ``built``, in order, and
+    keeps the user's frame (``user_frame``) of each segment reduction in ``frames``."""
+
+    def callback(op_type: str, ins: Any, attrs: Any, outputs: Any, **where: Any) -> Any:
+        if op_type in _UNCOUNTED:
+            return None
+        first = outputs[0] if isinstance(outputs, (list, tuple)) and outputs else outputs
+        op = getattr(first, "op", None)
+        if op is not None:
+            built.append(op)
+            if op_type in SEGMENT_REDUCERS:
+                frames[op.name] = user_frame()
+        return None
+
+    return callback
+
+
+def reducer_ids_text(
+    file: str | None = None, line: int | None = None, col: int | None = None, *_: Any
+) -> str | None:
+    """The source text of the segment ids a segment reduction was called with on ``line``
+    of ``file`` (its second argument, or ``segment_ids=``), the call starting at ``col``
+    where known; None where the line cannot be read or holds no such call."""
+    if file is None or line is None:
+        return None
+    text = linecache.getline(file, line).strip()
+    indent = len(linecache.getline(file, line)) - len(linecache.getline(file, line).lstrip())
+    try:
+        tree = ast.parse(text.removeprefix("return "))
+    except SyntaxError:
+        return None
+    shift = len(text) - len(text.removeprefix("return "))
+    calls = [
+        node
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call) and "segment" in ast.unparse(node.func).rsplit(".", 1)[-1]
+    ]
+    if col is not None:
+        calls = [c for c in calls if c.col_offset + shift + indent == col] or calls
+    for call in calls:
+        ids = [k.value for k in call.keywords if k.arg == "segment_ids"] or call.args[1:2]
+        if ids:
+            return ast.unparse(ids[0])
+    return None
+
+
+def _reduction(op: Any, names: dict[str, int]) -> Any:
+    """The nearest segment reduction (``SEGMENT_REDUCERS``) whose data ``op``'s output
+    reaches through ops built in the call; None where there is none."""
+    frontier, seen = list(op.outputs), {op.name}
+    for _ in range(_SEGMENT_DEPTH):
+        following = []
+        for tensor in frontier:
+            for consumer in tensor.consumers():
+                if consumer.name not in names or consumer.name in seen:
+                    continue
+                if consumer.type in SEGMENT_REDUCERS and consumer.inputs[0].name == tensor.name:
+                    return consumer
+                seen.add(consumer.name)
+                following += consumer.outputs
+        frontier = following
+    return None
+
+
+def _place_of(ids: Any, names: dict[str, int], args_at: dict[str, int]) -> tuple | None:
+    """Where ``ids`` comes from in the call: an argument's leaf or an op's output."""
+    if ids is None:
+        return None
+    if ids.name in args_at:
+        return ("arg", args_at[ids.name])
+    if ids.op.name in names:
+        return ("op", names[ids.op.name], ids.value_index)
+    return None
 
 
 def producer_types(
@@ -558,10 +848,11 @@ def producer_types(
 ) -> tuple[str, ...]:
     """The types of the ops that feed, inside ``layer``'s call, an op of ``op_types`` built
     there: its inputs' ops, theirs, and so on while they were built in the call, nearest
-    first. ``forward(inputs)`` (a model that holds ``layer``, already built) is traced once
-    in a ``tf.function``; nothing is computed. A guard of one of these ops treats a failure
-    whose cause is upstream of the op that shows it (an ``exp`` whose terms all underflow
-    shows as the 0 / 0 of the softmax's division)."""
+    first; with no ``op_types`` (a failure that names no op: weights that do not sum to 1),
+    every type the call builds, in the order built. ``forward(inputs)`` (a model that holds
+    ``layer``, already built) is traced once in a ``tf.function``; nothing is computed. A
+    guard of one of these ops treats a failure whose cause is upstream of the op that shows
+    it (an ``exp`` whose terms all underflow shows as the 0 / 0 of the softmax's division)."""
     built: dict[str, Any] = {}
     callback = _recorder(built)
     saved = {m: layer.__dict__.get(m) for m in ("call", "forward")}
@@ -577,6 +868,8 @@ def producer_types(
                 object.__setattr__(layer, method, value)
             elif method in layer.__dict__:
                 object.__delattr__(layer, method)
+    if not op_types:
+        return tuple(dict.fromkeys(op.type for op in built.values()))
     return _ancestor_types(built, op_types)
 
 
@@ -640,6 +933,9 @@ def _under(
             return method(*args, **kwargs)
         _ACTIVE.callbacks = active | {id(callback)}
         try:
+            begin = getattr(callback, "begin", None)
+            if begin is not None:
+                begin(method, args, kwargs)
             with op_callback_first(callback):
                 return method(*args, **kwargs)
         finally:

@@ -461,6 +461,8 @@ _OP_SYMPTOMS = (
     Cause.NONFINITE_GRADIENT_OP.value,
     Cause.LOSS.value,
 )
+#: The symptoms a segmented guard is for too: weights that do not sum to 1 over a segment.
+_SEGMENT_SYMPTOMS = (Cause.NORMALIZATION.value,)
 #: How many training graphs the guard's check runs through the remedied model.
 _CHECK_GRAPHS = 32
 
@@ -552,15 +554,17 @@ def _register_guard(guard: OpGuard) -> None:
     change.__name__ = change.__qualname__ = guard.name
     ops = " or ".join(guard.op_types)
     model_remedy(
-        family="op guard",
-        fix_class=OP_GUARD,
+        family=OP_GUARD,
+        fix_class=guard.fix_class,
         label=f"the failing {ops} guarded: {guard.label}",
         description=(
             f"every {ops} op in the failing layer, and in the other layers that run its call, "
             f"computed as {guard.label}"
         ),
         code=guard.label.replace("X", "x").replace("Y", "y"),
-        helps=dict.fromkeys(_OP_SYMPTOMS, guard.why),
+        helps=dict.fromkeys(
+            (*_OP_SYMPTOMS, *_SEGMENT_SYMPTOMS) if guard.segmented else _OP_SYMPTOMS, guard.why
+        ),
         cannot=f"it rewrites {ops} ops only: a failure at another op is left as it was",
         takes_layer=True,
         applies=partial(_guard_applies, guard),

@@ -156,6 +156,12 @@ class Remedy:
             return {}
         return {self.key: self.value(case)}
 
+    @property
+    def is_op_guard(self) -> bool:
+        """Whether this remedy is an op guard (``stability.model.op_guard``), whatever its
+        class of fix: it acts at the failing layer's ops, and the doctor records its sites."""
+        return self.family == OP_GUARD
+
     def why_not(self, target: Target) -> str | None:
         """The reason this remedy does not apply to ``target``, or None when it does."""
         return self.applies(target) if self.applies is not None else None

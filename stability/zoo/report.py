@@ -13,7 +13,7 @@ from pathlib import Path
 
 from stability.core.files import atomic_writer
 from stability.model.op_guard import guard_named
-from stability.model.remedy import OP_GUARD, Remedy, chain_parts
+from stability.model.remedy import Remedy, chain_parts
 from stability.report.verdicts import NOT_APPLICABLE
 from stability.zoo.run import ZooEntry
 
@@ -176,7 +176,7 @@ def fix_right(remedy: Remedy, bug) -> bool:
     """Whether the doctor's fix is of the maintainers' class, or a guard at the bug's op."""
     if remedy.fix_class == bug.fix_class:
         return True
-    if remedy.fix_class != OP_GUARD:
+    if not remedy.is_op_guard:
         return False
     # A chain of guards (``guard_pow+guard_pow@layer``) is right when one guards the bug's op.
     guards = chain_parts(remedy.name)
