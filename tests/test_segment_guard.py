@@ -131,3 +131,35 @@ def test_the_fix_as_code_names_the_ids_the_user_wrote(tmp_path):
         "tf.math.unsorted_segment_max(x - tf.reduce_max(x), index, tf.reduce_max(index) + 1), "
         "index)))"
     )
+
+
+def test_the_segment_softmax_fix_as_code_runs_and_normalizes_each_node(tmp_path):
+    """The printed line is code a user pastes: the file with it in place of the old line
+    gives weights that sum to 1 at each node with edges, as the guarded layer does."""
+    source = (
+        "import tensorflow as tf\n"
+        "def normalize(scores, receivers, n):\n"
+        "    return tf.nn.softmax(scores)\n"
+        "def aggregate(scores, receivers, n):\n"
+        "    alpha = normalize(scores, receivers, n)\n"
+        "    return tf.math.unsorted_segment_sum(alpha, receivers, n)\n"
+    )
+    path = tmp_path / "gat.py"
+    path.write_text(source, encoding="utf-8")
+    namespace: dict = {}
+    exec(compile(source, str(path), "exec"), namespace)
+
+    class Aggregate(keras.layers.Layer):
+        def call(self, logits, receivers):
+            return namespace["aggregate"](logits, receivers, 4)
+
+    layer = Aggregate()
+    guard_layer(layer, guard_named("guard_softmax_segment"))
+    guarded = tf.function(lambda x, r: layer(x, r))(tf.constant(LOGITS), tf.constant(RECEIVERS))
+    [fix] = code_fixes(sites(layer), "float32")
+    assert "receivers" in fix.after and "SEGMENT_IDS" not in fix.after, fix.after
+    fixed: dict = {}
+    exec(source.replace(fix.before, fix.after), fixed)
+    sums = fixed["aggregate"](tf.constant(LOGITS), tf.constant(RECEIVERS), 4).numpy().ravel()
+    np.testing.assert_allclose(sums, [1.0, 1.0, 1.0, 0.0], rtol=1e-6)
+    np.testing.assert_allclose(guarded.numpy().ravel(), sums, rtol=1e-6)

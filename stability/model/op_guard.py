@@ -364,9 +364,10 @@ def _exp_segment_shift_code(call: str, args: Sequence[str]) -> str:
 
 def _softmax_segment_code(call: str, args: Sequence[str]) -> str:
     x = args[0] if args else "x"
+    # The terms are named once (an assignment expression) so the line states them once.
     shifted = _exp_segment_shift_code("tf.exp", [x])
     return (
-        f"({shifted} / tf.gather(tf.math.unsorted_segment_sum({shifted}, IDS, "
+        f"((terms := {shifted}) / tf.gather(tf.math.unsorted_segment_sum(terms, IDS, "
         "tf.reduce_max(IDS) + 1), IDS))"
     )
 
