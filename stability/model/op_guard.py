@@ -794,20 +794,20 @@ def reducer_ids_text(
     where known; None where the line cannot be read or holds no such call."""
     if file is None or line is None:
         return None
-    text = linecache.getline(file, line).strip()
-    indent = len(linecache.getline(file, line)) - len(linecache.getline(file, line).lstrip())
+    raw = linecache.getline(file, line)
+    text = raw.strip().removeprefix("return ")
     try:
-        tree = ast.parse(text.removeprefix("return "))
+        tree = ast.parse(text)
     except SyntaxError:
         return None
-    shift = len(text) - len(text.removeprefix("return "))
+    shift = len(raw) - len(raw.lstrip()) + len(raw.strip()) - len(text)  # text's column 0
     calls = [
         node
         for node in ast.walk(tree)
         if isinstance(node, ast.Call) and "segment" in ast.unparse(node.func).rsplit(".", 1)[-1]
     ]
     if col is not None:
-        calls = [c for c in calls if c.col_offset + shift + indent == col] or calls
+        calls = [c for c in calls if c.col_offset + shift == col] or calls
     for call in calls:
         ids = [k.value for k in call.keywords if k.arg == "segment_ids"] or call.args[1:2]
         if ids:
