@@ -1172,6 +1172,9 @@ def test_the_guards_of_the_ops_feeding_the_failing_op_are_tried_after_its_own(
     assert {s.op_type for s in trials["guard_exp_shift"].sites} == {"Exp"}
     assert trials["guard_sqrt"].case is None
     assert trials["guard_sqrt"].reason.endswith("and no Sqrt feeds it in its layer")
+    # A softmax over the features sums no segments: the segment shift has no ids there.
+    segment = trials["guard_exp_segment_shift"]
+    assert segment.case is None and segment.reason.endswith("feeds a segment reduction")
     trials["guard_divide"].rows = [finite(2.0)]
     trials["guard_exp_shift"].rows = [finite(1.0)]
     assert run.recommended() is trials["guard_divide"], "the failing op's guard first"

@@ -484,7 +484,10 @@ def _guard_applies(guard: OpGuard, target: Target) -> str | None:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         return f"the guarded model fails on a batch: {type(exc).__name__}: {first}"
     if not recipe_sites(recipe):
-        return f"the failing layer builds no {' or '.join(guard.op_types)} op"
+        ops = " or ".join(guard.op_types)
+        if guard.segmented:
+            return f"the failing layer builds no {ops} op whose output feeds a segment reduction"
+        return f"the failing layer builds no {ops} op"
     return None
 
 
