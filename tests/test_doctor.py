@@ -518,7 +518,7 @@ def test_a_remedy_is_one_decorated_function(isolated_registries):
     reason when it does not apply, and its case key in the command that reruns it."""
     from stability.doctor.remedies import command
     from stability.doctor.report import remedy_table
-    from stability.doctor.run import _check_applies
+    from stability.doctor.run import applied_target
     from stability.model.remedy import case_remedy
 
     @case_remedy(
@@ -540,7 +540,7 @@ def test_a_remedy_is_one_decorated_function(isolated_registries):
     assert f"--set 'hidden={remedied.hidden}'" in command("c.toml", remedied, PLANTED)
     wide = replace(PLANTED, hidden=64)
     with pytest.raises(RemedyError, match="too wide"):
-        _check_applies(get_remedy("wider"), wide, replace(wide, hidden=128))
+        applied_target(get_remedy("wider"), wide, replace(wide, hidden=128))
 
 
 # --- data remedies ------------------------------------------------------------------------

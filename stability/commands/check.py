@@ -84,6 +84,14 @@ def add_check_parser(sub: argparse._SubParsersAction) -> None:
         default=Path("reports"),
         help="folder for <case>.check.md, <case>.check.csv and <case>.check/ (default: reports)",
     )
+    check.add_argument(
+        "--doctor",
+        action="store_true",
+        help="for each variant that breaks a property, try every remedy that changes the model "
+        "(an op guard at each layer that builds its op, a reformulation, an architecture "
+        "change), check each remedied variant again, and write <case>.check.doctor.md: the "
+        "verdicts and the recommended fix as the line of your code to change",
+    )
     add_plugin_flag(check)
     add_set_flag(check)
     add_progress_flag(check)
@@ -142,7 +150,44 @@ def check_command(args: argparse.Namespace) -> int:
         print(
             f"{row.variant}: {row.property} fails on {row.setting}: {row.detail}", file=sys.stderr
         )
+    if args.doctor:
+        broken = list(dict.fromkeys(r.variant for r in failed))
+        _doctor(case, broken, args, properties)
     return EXIT_FAILED if failed else EXIT_PASSED
+
+
+def _doctor(case, variants, args: argparse.Namespace, properties) -> None:
+    """The doctor of each broken variant's invariants, written as ``<case>.check.doctor.md``."""
+    from stability.commands.check_doctor import doctor_case
+    from stability.core.files import atomic_write_text
+    from stability.doctor.invariant import invariant_markdown
+
+    doctors = []
+    for variant in variants:
+        print(f"doctor: {variant}: trying every remedy that changes the model", file=sys.stderr)
+
+        def say(repair, variant=variant) -> None:
+            if repair.case is not None:
+                print(f"doctor: {variant}: {repair.name}: {repair.verdict}", file=sys.stderr)
+
+        doctor = doctor_case(
+            case, variant, args.examples, args.own_data_only, properties, on_repair=say
+        )
+        best = doctor.recommended()
+        print(
+            f"doctor: {variant}: " + (f"recommended {best.name}" if best else "no remedy fixes it"),
+            file=sys.stderr,
+        )
+        for line in doctor.code_fix_text(best).split(" | ") if best else []:
+            if line:
+                print(f"doctor: {variant}: {line}", file=sys.stderr)
+        doctors.append(doctor)
+    if not doctors:
+        return
+    path = args.out / f"{case.name}.check.doctor.md"
+    command = " ".join(["python -m stability check", str(args.case), "--doctor"])
+    atomic_write_text(path, invariant_markdown(doctors, str(args.case), command))
+    print(f"wrote {path}")
 
 
 def property_list(text: str) -> tuple[str, ...]:

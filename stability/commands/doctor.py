@@ -107,7 +107,12 @@ def doctor_command(args: argparse.Namespace) -> int:
     print(f"wrote {md_path} and {csv_path}")
     best = result.recommended()
     if result.finding.symptom is None:
-        print(f"{args.variant}: no failure to doctor", file=sys.stderr)
+        print(
+            f"{args.variant}: no failure to doctor in training; for what a model breaks without "
+            f"a NaN, run `python -m stability check {args.case} --variant {args.variant} "
+            "--doctor`",
+            file=sys.stderr,
+        )
         return EXIT_FIXED
     if result.bad_input:
         graphs = len(result.bad_input)

@@ -44,7 +44,7 @@ def _say(text: str) -> None:
 
 
 def zoo_command(args: argparse.Namespace) -> int:
-    from stability.check.run import check_bug
+    from stability.commands.check_doctor import check_and_repair
     from stability.commands.push import hunt_push
     from stability.doctor.run import doctor_many
     from stability.zoo.report import write_zoo_report, zoo_command_line
@@ -54,9 +54,15 @@ def zoo_command(args: argparse.Namespace) -> int:
     names = bug_names(args.bugs)
     # The zoo scores the doctor without importing it: the two features meet here.
     doctor = partial(doctor_many, **run_options(args), on_stage=_say, push=hunt_push())
-    # And the check, which needs no training (run in the tools' worker processes).
+    # And the check, which needs no training (run in the tools' worker processes), with the
+    # doctor of what it finds broken for the bugs training does not show failing.
     entries = run_zoo(
-        args.out / "zoo", doctor, names=names, **run_options(args), on_stage=_say, checker=check_bug
+        args.out / "zoo",
+        doctor,
+        names=names,
+        **run_options(args),
+        on_stage=_say,
+        checker=check_and_repair,
     )
     csv_path, md_path = write_zoo_report(entries, args.out, zoo_command_line(names))
     print(f"wrote {md_path} and {csv_path}")

@@ -22,7 +22,13 @@ import numpy as np
 from stability.model.op_guard import OpGuard, Site, exp_cap, guard_named
 
 #: The binary operators that build an op type, for a guard's op types.
-_OPERATORS = {"RealDiv": ast.Div, "Div": ast.Div, "Pow": ast.Pow, "Mul": ast.Mult}
+_OPERATORS = {
+    "RealDiv": ast.Div,
+    "Div": ast.Div,
+    "Pow": ast.Pow,
+    "Mul": ast.Mult,
+    "Sub": ast.Sub,
+}
 
 
 @dataclass(frozen=True)
@@ -189,7 +195,7 @@ def _call_parts(node: ast.AST, text: str) -> tuple[str, list[str]]:
         return ast.get_source_segment(text, part) or ast.unparse(part)
 
     if isinstance(node, ast.BinOp):
-        names = {ast.Pow: "tf.pow", ast.Mult: "tf.multiply"}
+        names = {ast.Pow: "tf.pow", ast.Mult: "tf.multiply", ast.Sub: "tf.subtract"}
         name = names.get(type(node.op), "tf.divide")
         return name, [source(node.left), source(node.right)]
     assert isinstance(node, ast.Call)

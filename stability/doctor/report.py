@@ -195,7 +195,12 @@ def _failure(run: DoctorRun) -> list[str]:
     for row, epoch in zip(finding.rows, finding.epochs, strict=True):
         lines.append(f"- seed {row['seed']}: {_run_outcome(row, epoch)}")
     if finding.symptom is None:
-        lines += ["", "No run failed, diverged or came near exp's limits: nothing to doctor."]
+        lines += [
+            "",
+            "No run failed, diverged or came near exp's limits: nothing to doctor in training. "
+            "For the graph invariants a model breaks without a NaN, `python -m stability "
+            f"check CASE --variant {run.variant} --doctor` doctors what the check finds.",
+        ]
     elif finding.symptom == "input":
         lines += ["", *_bad_input(run)]
     else:

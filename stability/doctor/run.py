@@ -416,7 +416,7 @@ def diagnosed_case(case: Case, variant: str, seeds: Sequence[int] | None) -> Cas
 
 def plan(run: DoctorRun, candidates: Sequence[str] = ()) -> list[Trial]:
     """Every remedy's trial on the diagnosed case, each checked by building its variant on
-    the data (``_check_applies``): one that cannot apply gets its reason, and no runs."""
+    the data (``applied_target``): one that cannot apply gets its reason, and no runs."""
     base = replace(run.original.case, epochs=run.budget)
     stem = run.case.name
     run.producer_ops = producers(run)
@@ -426,7 +426,7 @@ def plan(run: DoctorRun, candidates: Sequence[str] = ()) -> list[Trial]:
         try:
             where = run.finding.site if remedy.is_op_guard else run.finding.layer
             remedied = case_for(remedy, base, run.variant, where, name)
-            target = _check_applies(remedy, base, remedied, run.finding.ops, run.producer_ops)
+            target = applied_target(remedy, base, remedied, run.finding.ops, run.producer_ops)
         except RemedyError as exc:
             trials.append(Trial(remedy, None, run.original.folder, str(exc)))
             continue
@@ -513,7 +513,12 @@ class _Target:
         return self._recipe
 
 
-def _check_applies(
+def trial_target(case: Case) -> _Target:
+    """``case`` as a remedy's predicate sees it, unremedied (no failing op named)."""
+    return _Target(case, case)
+
+
+def applied_target(
     remedy: Remedy,
     before: Case,
     after: Case,
@@ -641,7 +646,7 @@ def _follow_up(run: DoctorRun, trial: Trial, remedy: Remedy, step: str, ops: tup
         variants=(trial.case.variants[0] + step,),
     )
     try:
-        target = _check_applies(remedy, trial.case, case, ops)
+        target = applied_target(remedy, trial.case, case, ops)
     except StabilityError:
         return []
     sites = recipe_sites(target.recipe())
@@ -760,7 +765,7 @@ def begin(case: Case, variant: str, out: Path, seeds: Sequence[int] | None = Non
     """A doctor of ``variant`` on ``case`` whose runs go to ``out``: its original trial,
     checked (built on the data), not yet trained."""
     original_case = diagnosed_case(case, variant, seeds)
-    _check_applies(ORIGINAL, original_case, original_case)
+    applied_target(ORIGINAL, original_case, original_case)
     original = Trial(ORIGINAL, original_case, out)
     return DoctorRun(case, variant, original, find([]))
 

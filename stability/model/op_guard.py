@@ -40,6 +40,7 @@ import tensorflow as tf
 
 from stability.compat.keras_layers import nested_layers
 from stability.compat.tf_private import op_callback_first, record_identity
+from stability.model.remedy import OP_GUARD
 
 #: A guard's rewrite: the op's inputs -> its guarded outputs, or None to leave the op alone.
 Rewrite = Callable[[Sequence[tf.Tensor]], "list[tf.Tensor] | None"]
@@ -65,7 +66,20 @@ class OpGuard:
     segmented: bool = False
     #: The class of fix the guard is (``stability.model.remedy.FIX_CLASSES``): an op guard,
     #: or, for a guard that recomputes what the op means, the class its change is.
-    fix_class: str = "op guard"
+    fix_class: str = OP_GUARD
+    #: A guard whose rewrite reads the ops that made its op's inputs: ``rewrite(inputs,
+    #: made)``, ``made(tensor)`` the ``Made`` op of a tensor built in the guarded call (None
+    #: for another); it leaves an op whose inputs were made otherwise alone.
+    reads_producers: bool = False
+
+
+@dataclass(frozen=True)
+class Made:
+    """The op that made a tensor in a guarded call: its type, inputs and attributes."""
+
+    type: str
+    inputs: tuple[Any, ...]
+    attrs: dict[str, Any]
 
 
 @dataclass(frozen=True)
@@ -372,6 +386,118 @@ def _softmax_segment_code(call: str, args: Sequence[str]) -> str:
     )
 
 
+#: Ops a tensor passes through unchanged in value (a variance's ``stop_gradient(mean)``).
+_PASS_THROUGH = frozenset({"StopGradient", "Identity", "Snapshot"})
+#: A squared-mean difference reaches back at most this many pass-through ops to its means.
+_PASS_DEPTH = 3
+
+
+def _unwrapped(t: Any, made: Callable[[Any], Made | None]) -> tuple[Any, Made | None]:
+    """``t`` and its op, past the ops that pass it through unchanged."""
+    op = made(t)
+    for _ in range(_PASS_DEPTH):
+        if op is None or op.type not in _PASS_THROUGH:
+            break
+        t = op.inputs[0]
+        op = made(t)
+    return t, op
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Whether two tensors are one: the same object eagerly, the same name in a graph
+    (where each read of an op's inputs may wrap them anew)."""
+    if a is b:
+        return True
+    try:
+        return bool(a.name == b.name and a.graph is b.graph)
+    except AttributeError:  # eager tensors have no name
+        return False
+
+
+def _squared(t: Any, made: Callable[[Any], Made | None]) -> Any | None:
+    """The ``x`` that ``t`` is the square of (``Square(x)``, ``x * x``, ``x ** 2``), or None."""
+    _, op = _unwrapped(t, made)
+    if op is None:
+        return None
+    if op.type == "Square":
+        return op.inputs[0]
+    if op.type == "Mul" and _same(op.inputs[0], op.inputs[1]):
+        return op.inputs[0]
+    if op.type == "Mul":  # mean(x) * mean(x), two ops of one mean
+        a, b = (_mean_of(each, made) for each in op.inputs)
+        if a and b and _same(a[0], b[0]) and np.array_equal(a[1], b[1]) and a[2] == b[2]:
+            return op.inputs[0]
+    if op.type == "Pow" and tf.get_static_value(op.inputs[1]) == 2:
+        return op.inputs[0]
+    return None
+
+
+def _mean_of(t: Any, made: Callable[[Any], Made | None]) -> tuple[Any, Any, bool] | None:
+    """``(x, axes, keepdims)`` where ``t`` is ``mean(x, axes, keepdims)``, or None."""
+    _, op = _unwrapped(t, made)
+    if op is None or op.type != "Mean":
+        return None
+    axes = tf.get_static_value(op.inputs[1])
+    if axes is None:
+        return None
+    return op.inputs[0], np.atleast_1d(axes), bool(op.attrs.get("keep_dims", False))
+
+
+def _variance_centered(
+    inputs: Sequence[tf.Tensor], made: Callable[[Any], Made | None]
+) -> list[tf.Tensor] | None:
+    # E[x^2] - E[x]^2 subtracts two numbers of about mean^2 and keeps only ulp(mean^2) of
+    # their difference: a feature of mean 1000 and variance 0.3 gets a float32 variance of
+    # rounding noise (often 0, or negative, and then NaN under a sqrt). Subtracting the mean
+    # first, as tf.nn.moments and numpy.var do, squares the deviations themselves, which are
+    # exact to ulp(x). The inner mean is a constant to the tape, as in tf.nn.moments: the
+    # deviations sum to 0, so the variance's gradient does not go through it.
+    left, right = inputs
+    squares = _mean_of(left, made)
+    mean = _squared(right, made)
+    mean = _mean_of(mean, made) if mean is not None else None
+    if squares is None or mean is None:
+        return None
+    x = _squared(squares[0], made)
+    same_axes = np.array_equal(np.sort(squares[1]), np.sort(mean[1]))
+    if x is None or not _same(x, mean[0]) or not same_axes:
+        return None
+    axes = [int(a) for a in squares[1]]
+    center = tf.stop_gradient(tf.reduce_mean(x, axis=axes, keepdims=True))
+    variance = tf.reduce_mean(tf.square(x - center), axis=axes, keepdims=squares[2])
+    if not variance.shape.is_compatible_with(left.shape):
+        return None
+    shape = tf.broadcast_dynamic_shape(tf.shape(left), tf.shape(right))
+    return [tf.broadcast_to(variance, shape)]
+
+
+def _variance_centered_code(call: str, args: Sequence[str]) -> str:
+    """``mean(square(x - mean(x, axes, keepdims=True)), axes)`` from the user's
+    ``mean(square(x), axes) - square(mean)``, in the user's own calls; where the left
+    term is written otherwise, the guard's expression."""
+    left = args[0] if args else ""
+    try:
+        node = ast.parse(left, mode="eval").body
+    except SyntaxError:
+        node = None
+    if not isinstance(node, ast.Call) or not node.args:
+        return f"mean(square(x - mean(x)))  # in place of {call}({', '.join(args)})"
+    mean = ast.unparse(node.func)
+    inner = node.args[0]
+    ns = mean.rpartition(".")[0] or "tf"
+    if isinstance(inner, ast.Call) and inner.args:
+        square, x = ast.unparse(inner.func), ast.unparse(inner.args[0])
+    elif isinstance(inner, ast.BinOp) and isinstance(inner.op, (ast.Pow, ast.Mult)):
+        square, x = f"{ns}.square", ast.unparse(inner.left)
+    else:
+        return f"mean(square(x - mean(x)))  # in place of {call}({', '.join(args)})"
+    rest = [ast.unparse(a) for a in node.args[1:]]
+    kept = [f"{k.arg}={ast.unparse(k.value)}" for k in node.keywords if k.arg != "keepdims"]
+    keep = [f"{k.arg}={ast.unparse(k.value)}" for k in node.keywords if k.arg == "keepdims"]
+    center = f"{mean}({', '.join([x, *rest, *kept, 'keepdims=True'])})"
+    return f"{mean}({', '.join([f'{square}({x} - {center})', *rest, *kept, *keep])})"
+
+
 _EPS = "machine epsilon"
 GUARDS: tuple[OpGuard, ...] = (
     OpGuard(
@@ -540,6 +666,19 @@ GUARDS: tuple[OpGuard, ...] = (
         segmented=True,
         fix_class="architecture change",
     ),
+    OpGuard(
+        "guard_variance_centered",
+        ("Sub",),
+        "mean(square(x - mean(x))) in place of mean(square(x)) - square(mean(x))",
+        "E[x^2] - E[x]^2 keeps only ulp(mean^2) of a variance (catastrophic cancellation: "
+        "0, negative or noise for a feature whose mean is large against its spread); the "
+        "deviations from the mean are exact to ulp(x), and their mean square is the variance",
+        _variance_centered,
+        _variance_centered_code,
+        ("subtract",),
+        fix_class="stable reformulation",
+        reads_producers=True,
+    ),
 )
 
 
@@ -616,10 +755,13 @@ def _rewriting(guard: OpGuard, found: list[Site]) -> tuple[Callable[..., Any], C
     #: (outputs, guarded values) whose tape record waits for the guarded call to end.
     pending: list[tuple[list[tf.Tensor], list[tf.Tensor]]] = []
     layouts: list[_Layout] = []
+    made = _Producers()
 
     def callback(op_type: str, inputs: Any, attrs: Any, outputs: Any, **where: Any) -> Any:
         if _ACTIVE.__dict__.get("busy") or _ACTIVE.__dict__.get("surveying"):
             return None
+        if guard.reads_producers:
+            made.record(op_type, inputs, attrs, outputs)
         layout = layouts[-1] if layouts else None
         index = layout.built(op_type, outputs) if layout is not None else None
         if op_type not in guard.op_types or not _floating(inputs):
@@ -631,6 +773,8 @@ def _rewriting(guard: OpGuard, found: list[Site]) -> tuple[Callable[..., Any], C
             if guard.segmented:
                 ids = layout.segment_ids(index) if layout is not None else None
                 new = None if ids is None else guard.rewrite(inputs, ids)
+            elif guard.reads_producers:
+                new = guard.rewrite(inputs, made.get)
             else:
                 new = guard.rewrite(inputs)
             returned = None if new is None else [tf.identity(t) for t in new]
@@ -651,6 +795,7 @@ def _rewriting(guard: OpGuard, found: list[Site]) -> tuple[Callable[..., Any], C
     def flush() -> None:
         while pending:
             record_identity(*pending.pop())
+        made.clear()
         if layouts:
             layouts.pop()
 
@@ -660,6 +805,38 @@ def _rewriting(guard: OpGuard, found: list[Site]) -> tuple[Callable[..., Any], C
     if guard.segmented:
         callback.begin = begin  # type: ignore[attr-defined]
     return callback, flush
+
+
+class _Producers:
+    """The op that made each tensor of a guarded call (``Made``): a traced tensor names its
+    op (``tensor.op``); an eager one does not, so the callback records it as it is built,
+    keeping the tensor alive until the call ends (so its ``id`` is not reused)."""
+
+    def __init__(self) -> None:
+        self._eager: dict[int, tuple[Any, Made]] = {}
+
+    def record(self, op_type: str, inputs: Any, attrs: Any, outputs: Any) -> None:
+        if not tf.executing_eagerly():
+            return
+        pairs = dict(zip(attrs[::2], attrs[1::2], strict=True)) if attrs else {}
+        # Eagerly, some ops (Mean) reach op callbacks with their type as bytes.
+        name = op_type.decode() if isinstance(op_type, bytes) else op_type
+        op = Made(name, tuple(inputs), pairs)
+        for tensor in outputs if isinstance(outputs, (list, tuple)) else [outputs]:
+            self._eager[id(tensor)] = (tensor, op)
+
+    def get(self, tensor: Any) -> Made | None:
+        kept = self._eager.get(id(tensor))
+        if kept is not None and kept[0] is tensor:
+            return kept[1]
+        op = getattr(tensor, "op", None)  # an eager tensor has none (AttributeError)
+        if op is None:
+            return None
+        attrs = {"keep_dims": op.get_attr("keep_dims")} if op.type == "Mean" else {}
+        return Made(op.type, tuple(op.inputs), attrs)
+
+    def clear(self) -> None:
+        self._eager.clear()
 
 
 #: Ops that reduce rows into segments, with their data (input 0) and ids (input 1): a

@@ -515,7 +515,15 @@ def _forward(recipe: Recipe, target: Target) -> tuple[Callable[[Any], Any], Any,
     data = target.data_after()[0]
     dtype = "float64" if target.after.dtype == "float64" else "float32"
     batch = batch_graphs(data.train[:_CHECK_GRAPHS], dtype=dtype)
-    return getattr(recipe.model, "forward", None) or recipe.model, batch.as_inputs(), batch.targets
+
+    def run(inputs: Any) -> Any:
+        # Looked up at each call: a guard or a tracer of the model's own ops replaces it on
+        # the instance. In training mode, as the step computes it: a batch normalization
+        # computes its batch's moments only then (Keras calls in inference mode by default).
+        own = getattr(recipe.model, "forward", None)
+        return own(inputs) if own is not None else recipe.model(inputs, training=True)
+
+    return run, batch.as_inputs(), batch.targets
 
 
 def failing_op_producers(target: Target, layer: str, ops: Sequence[str]) -> tuple[str, ...]:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from stability.core.files import atomic_writer
 from stability.model.op_guard import guard_named
-from stability.model.remedy import Remedy, chain_parts
+from stability.model.remedy import Remedy, chain_parts, get_remedy
 from stability.report.verdicts import NOT_APPLICABLE
 from stability.zoo.run import ZooEntry
 
@@ -72,6 +72,12 @@ ZOO_FIELDS = (
     "doctor_fix_class",
     "fix_right",
     "doctor_fix_code",
+    # Appended (issue 45): where the doctor's fix was proved, ``training`` (the doctor's
+    # retraining) or ``check`` (for a bug training does not show failing, the doctor of the
+    # invariants the check finds broken, proved by checking again), and that doctor's
+    # verdicts.
+    "doctor_fix_from",
+    "check_repair_verdicts",
 )
 
 #: The check's goals: detected on own data, from generated graphs alone, and the median
@@ -169,7 +175,29 @@ def zoo_row(entry: ZooEntry) -> dict[str, str]:
     row["nan_sentinel_cause"] = sentinel.get("cause") or ""
     row["nan_sentinel_agrees"] = _bool(sentinel_agrees(row))
     row.update(check_cells(entry.check, bug))
+    row["doctor_fix_from"] = "training" if best is not None else ""
+    row.update(repair_cells(entry.check.get("repair") if first is None else None, bug))
     return row
+
+
+def repair_cells(repair: dict | None, bug) -> dict[str, str]:
+    """For a bug training does not show failing, the doctor's fix columns from the doctor of
+    the invariants the check finds broken (``Checker``); none where it was not run."""
+    if not repair:
+        return {"check_repair_verdicts": ""}
+    cells = {"check_repair_verdicts": repair.get("verdicts", "")}
+    if not repair.get("recommended"):
+        return cells
+    remedy = get_remedy(repair["recommended"])
+    return {
+        **cells,
+        "fixed": "True",
+        "doctor_fix": remedy.name,
+        "doctor_fix_class": remedy.fix_class,
+        "fix_right": _bool(fix_right(remedy, bug)),
+        "doctor_fix_code": repair.get("code", ""),
+        "doctor_fix_from": "check",
+    }
 
 
 def fix_right(remedy: Remedy, bug) -> bool:
@@ -363,8 +391,19 @@ def _doctor_goals(rows: Sequence[dict[str, str]]) -> list[str]:
     failing = [r["bug"] for r in rows if r["detected"] == "True"]
     fixed = [r["bug"] for r in failing_rows(rows) if r["fixed"] == "True"]
     right = [r["bug"] for r in rows if r.get("fix_right") == "True"]
+    silent = [r for r in rows if r["detected"] != "True"]
+    repaired = [r["bug"] for r in silent if r.get("doctor_fix_from") == "check"]
     return [
         _rate_line("fixed among the bugs detected in training", fixed, failing, FIXED_FAILING_GOAL),
+        f"- fixed by the doctor of the invariants the check finds broken, among the bugs "
+        f"training does not detect: {len(repaired)}/{len(silent)}"
+        + (
+            f" ({', '.join(f'`{b}`' for b in repaired)}), each proved by checking the "
+            "remedied model again, not by training"
+            if repaired
+            else ""
+        )
+        + ".",
         _rate_line(
             "fix right (the maintainers' class of fix, or a guard at the bug's op), over the "
             "whole zoo",
@@ -383,6 +422,8 @@ def _fix_section(rows: Sequence[dict[str, str]]) -> list[str]:
     ]
     for r in rows:
         doctor = f"`{r['doctor_fix']}` ({r['doctor_fix_class']})" if r["doctor_fix"] else "none"
+        if r.get("doctor_fix_from") == "check":
+            doctor += ", from the check"
         code = r.get("doctor_fix_code") or ""
         shown = f"`{code.replace('|', '/')}`" if code else ""
         lines.append(

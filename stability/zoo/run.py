@@ -83,11 +83,14 @@ def load_bug(path: Path) -> ZooEntry:
 #: zoo does not import the doctor, so the two features stay apart.
 Doctor = Callable[[Sequence[tuple[Case, str, Path]]], Sequence[Any]]
 
-#: The check the zoo scores: ``checker(case_path, variant)`` returns, for each of
+#: The check the zoo scores: ``checker(case_path, variant, repair)`` returns, for each of
 #: ``own data`` and ``generated``, a dict with ``detected``, ``properties``, ``stage``, ``op``
-#: and ``seconds``. The command line passes ``stability.check.run.check_bug``, a module-level
-#: function a worker process can import; the zoo does not import the check.
-Checker = Callable[[str, str], dict]
+#: and ``seconds``; with ``repair`` (a bug training does not show failing) and something
+#: broken, also ``repair``: the doctor of broken invariants' ``recommended`` fix, its
+#: ``fix_class``, its ``code`` and every repair's ``verdicts``. The command line passes
+#: ``stability.commands.check_doctor.check_and_repair``, a module-level function a worker
+#: process can import; the zoo imports neither the check nor the doctor.
+Checker = Callable[[str, str, bool], dict]
 
 
 def run_zoo(
@@ -142,7 +145,7 @@ def run_tools(
             (
                 entry,
                 tool,
-                pool.submit(checker, str(entry.path), entry.bug.variant)
+                pool.submit(checker, str(entry.path), entry.bug.variant, not trained_failure(entry))
                 if tool == CHECK
                 else pool.submit(tool_run, str(entry.path), tool),
             )
@@ -155,3 +158,10 @@ def run_tools(
                 entry.tools[tool] = future.result()
             bar.update(1)
     bar.close()
+
+
+def trained_failure(entry: ZooEntry) -> bool:
+    """Whether the doctor's training of the bug showed a failure (a NaN, a silent failure or
+    a divergence; a headroom warning is no failure)."""
+    symptom = getattr(getattr(entry.doctor, "finding", None), "symptom", None)
+    return symptom not in (None, "headroom")

@@ -1,0 +1,144 @@
+"""``guard_variance_centered``: a variance written ``E[x^2] - E[x]^2`` recomputed from the
+deviations, however the user spelt its squares and means; every other subtraction is left
+as it was."""
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+from keras import ops
+
+from stability.doctor.code_fix import code_fixes, rewrite_line
+from stability.model.op_guard import guard_layer, guard_named, sites
+
+GUARD = guard_named("guard_variance_centered")
+
+
+class Variance(keras.layers.Layer):
+    def __init__(self, fn, **kwargs):
+        super().__init__(**kwargs)
+        self.fn = fn
+
+    def call(self, x):
+        return self.fn(x)
+
+
+SPELLINGS = {
+    # Keras 3.0's ops.moments (keras-team/keras#18795), the mean a constant to the tape.
+    "keras ops": lambda x: (
+        ops.mean(ops.square(x), 0) - ops.square(ops.stop_gradient(ops.mean(x, 0)))
+    ),
+    "tf, keepdims": lambda x: (
+        tf.reduce_mean(tf.square(x), axis=0, keepdims=True)
+        - tf.square(tf.reduce_mean(x, axis=0, keepdims=True))
+    ),
+    "powers": lambda x: tf.reduce_mean(x**2, axis=[0]) - tf.reduce_mean(x, axis=[0]) ** 2,
+    "products": lambda x: tf.reduce_mean(x * x, 0) - tf.reduce_mean(x, 0) * tf.reduce_mean(x, 0),
+}
+
+
+def _features() -> np.ndarray:
+    """``[64, 3]`` features: heights of about 1000 within 2 (the zoo's slab), a unit
+    normal, and a constant: float32 keeps none of the first's variance as E[x^2] - E[x]^2."""
+    rng = np.random.default_rng(0)
+    return np.stack(
+        [1000.0 + rng.uniform(0.0, 2.0, 64), rng.normal(size=64), np.full(64, 3.0)], axis=1
+    ).astype(np.float32)
+
+
+def _traced(layer, x):
+    x = tf.constant(x)
+
+    @tf.function
+    def run(x):
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            v = layer(x)
+            total = tf.reduce_sum(v * tf.constant([1.0, 2.0, 3.0]))
+        return v, tape.gradient(total, x)
+
+    v, g = run(x)
+    return np.reshape(v.numpy(), [-1]), g.numpy()
+
+
+@pytest.mark.parametrize("spelling", sorted(SPELLINGS))
+def test_the_guarded_variance_is_the_float64_one_where_the_raw_cancels(spelling):
+    x = _features()
+    truth = np.var(x.astype(np.float64), axis=0)
+    raw, _ = _traced(Variance(SPELLINGS[spelling]), x)
+    guarded_layer = Variance(SPELLINGS[spelling])
+    guard_layer(guarded_layer, GUARD)
+    guarded, gradient = _traced(guarded_layer, x)
+    assert abs(raw[0] - truth[0]) > 0.1 * truth[0], "the raw variance must cancel here"
+    np.testing.assert_allclose(guarded, truth, rtol=1e-4, atol=1e-6)
+    # The gradient of the true variance: 2 (x - mean) / n per column, times its weight.
+    expected = 2.0 * (x - x.mean(axis=0)) / len(x) * np.array([1.0, 2.0, 3.0])
+    np.testing.assert_allclose(gradient, expected, rtol=1e-3, atol=1e-6)
+    assert [s.op_type for s in sites(guarded_layer)] == ["Sub"]
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [
+        lambda x: x - 1.0,
+        # The means of two different tensors, and over two different axes.
+        lambda x: tf.reduce_mean(tf.square(x), 0) - tf.square(tf.reduce_mean(2.0 * x, 0)),
+        lambda x: tf.reduce_mean(tf.square(x)) - tf.square(tf.reduce_mean(x, 0)),
+    ],
+)
+def test_a_subtraction_that_is_no_variance_is_left_alone(fn):
+    x = _features()
+    layer = Variance(fn)
+    guard_layer(layer, GUARD)
+    np.testing.assert_array_equal(_traced(layer, x)[0], _traced(Variance(fn), x)[0])
+    assert not sites(layer)
+
+
+def test_an_eager_call_records_the_site_and_that_the_guard_changed_it():
+    """The doctor decides that a guard applies from an eager batch, where the ops that
+    made the subtraction's inputs are known only from the callback's own record."""
+    layer = Variance(SPELLINGS["keras ops"])
+    guard_layer(layer, GUARD)
+    layer(tf.constant(_features()))
+    [site] = sites(layer)
+    assert site.changed is True and site.file == __file__
+
+
+@pytest.mark.parametrize(
+    ("before", "after"),
+    [
+        (
+            "var = ops.mean(ops.square(x), axes) - ops.square(ops.stop_gradient(mean))",
+            "var = ops.mean(ops.square(x - ops.mean(x, axes, keepdims=True)), axes)",
+        ),
+        (
+            "v = tf.reduce_mean(h ** 2, axis=0, keepdims=True) - tf.reduce_mean(h, axis=0) ** 2",
+            "v = tf.reduce_mean(tf.square(h - tf.reduce_mean(h, axis=0, keepdims=True)), "
+            "axis=0, keepdims=True)",
+        ),
+    ],
+)
+def test_the_fix_is_written_in_the_users_own_calls(before, after):
+    assert rewrite_line(before, GUARD, "float32") == after
+
+
+def test_the_printed_fix_runs_and_gives_the_guarded_variance(tmp_path):
+    """The line the doctor prints, pasted into the user's function, computes what the
+    guard computed."""
+    source = tmp_path / "moments.py"
+    source.write_text(
+        "from keras import ops\n\n\ndef variance(x, axes):\n"
+        "    mean = ops.stop_gradient(ops.mean(x, axes))\n"
+        "    return ops.mean(ops.square(x), axes) - ops.square(mean)\n"
+    )
+    namespace: dict = {}
+    exec(compile(source.read_text(), str(source), "exec"), namespace)
+    layer = Variance(lambda x: namespace["variance"](x, 0))
+    guard_layer(layer, GUARD)
+    guarded, _ = _traced(layer, _features())
+    [fix] = code_fixes(sites(layer), "float32")
+    fixed = source.read_text().replace(fix.before, fix.after)
+    assert fixed != source.read_text()
+    exec(compile(fixed, str(source), "exec"), namespace)
+    pasted, _ = _traced(Variance(lambda x: namespace["variance"](x, 0)), _features())
+    np.testing.assert_allclose(pasted, guarded, rtol=1e-6)
