@@ -769,9 +769,10 @@ def _rewriting(guard: OpGuard, found: list[Site]) -> tuple[Callable[..., Any], C
         # Eagerly, the ops the rewrite runs come back to this callback (TensorFlow guards
         # against that only while tracing): the flag leaves them alone.
         _ACTIVE.busy = True
+        segments = None  # the user's text of a segmented guard's ids, where read
         try:
             if guard.segmented:
-                ids = layout.segment_ids(index) if layout is not None else None
+                ids, segments = layout.segment_ids(index) if layout else (None, None)
                 new = None if ids is None else guard.rewrite(inputs, ids)
             elif guard.reads_producers:
                 new = guard.rewrite(inputs, made.get)
@@ -787,7 +788,6 @@ def _rewriting(guard: OpGuard, found: list[Site]) -> tuple[Callable[..., Any], C
         # recorded, ``flush`` records them again as the identity of the guarded values.
         pending.append((returned, new))
         name = str(where.get("op_name") or op_type)
-        segments = layout.segments_text(index) if guard.segmented and layout else None
         site = Site(guard.name, op_type, name, *user_frame(), _changed(outputs, new), segments)
         found.append(site)
         return returned
@@ -870,7 +870,8 @@ class _Layout:
     #: The user's text of each place's ids (``reducer_ids_text``), or None.
     texts: list[str | None] = field(default_factory=list)
     ops: list[list[Any]] = field(default_factory=list)
-    guarded: list[int] = field(default_factory=list)
+    #: How many ops of the guard's types the guarded call has built so far.
+    guarded: int = 0
 
     @classmethod
     def survey(
@@ -916,27 +917,26 @@ class _Layout:
         self.ops.append(list(outputs) if isinstance(outputs, (list, tuple)) else [outputs])
         return len(self.ops) - 1
 
-    def segments_text(self, index: int | None) -> str | None:
-        """The user's text of the ids ``segment_ids(index)`` read, where known."""
-        order = len(self.guarded) - 1
-        return self.texts[order] if index is not None and 0 <= order < len(self.texts) else None
-
-    def segment_ids(self, index: int | None) -> tf.Tensor | None:
-        """The segment ids of the guard's op built ``index``-th in the call, or None."""
+    def segment_ids(self, index: int | None) -> tuple[tf.Tensor | None, str | None]:
+        """The segment ids of the guard's op built ``index``-th in the call, and the user's
+        text of them where known; ``(None, None)`` where the op feeds no segment reduction."""
         if index is None:
-            return None
-        self.guarded.append(index)
-        order = len(self.guarded) - 1
+            return None, None
+        order = self.guarded
+        self.guarded += 1
         place = self.places[order] if order < len(self.places) else None
+        text = self.texts[order] if order < len(self.texts) else None
         if place is None:
-            return None
+            return None, None
         if place[0] == "arg":
             ids = self.leaves[place[1]]
         elif place[1] < len(self.ops) and place[2] < len(self.ops[place[1]]):
             ids = self.ops[place[1]][place[2]]
         else:
-            return None
-        return ids if ids.dtype.is_integer and ids.shape.rank in (None, 1) else None
+            return None, None
+        if not ids.dtype.is_integer or ids.shape.rank not in (None, 1):
+            return None, None
+        return ids, text
 
 
 #: Op types not counted in a call's layout: a constant is an op while tracing but not when
