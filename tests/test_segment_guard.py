@@ -95,8 +95,6 @@ def test_the_segment_softmax_equals_a_stable_segment_softmax_and_its_gradient():
 
 
 def test_an_exp_that_feeds_no_segment_sum_is_left_alone():
-    layer = Attention(lambda x, ids, n: tf.exp(-x * x) * tf.ones_like(x))
-
     class Gaussian(keras.layers.Layer):
         def call(self, logits, receivers):
             return tf.reduce_sum(tf.exp(-logits * logits))  # no segments: a plain sum
@@ -105,6 +103,8 @@ def test_an_exp_that_feeds_no_segment_sum_is_left_alone():
     guard_layer(gaussian, guard_named("guard_exp_segment_shift"))
     tf.function(lambda x, r: gaussian(x, r))(tf.constant(LOGITS), tf.constant(RECEIVERS))
     assert not sites(gaussian)
+    # The same exp summed by segment (the attention's own sum) is guarded.
+    layer = Attention(lambda x, ids, n: tf.exp(-x * x) * tf.ones_like(x))
     guard_layer(layer, guard_named("guard_exp_segment_shift"))
     _sums(layer)
     assert [s.op_type for s in sites(layer)] == ["Exp"]
