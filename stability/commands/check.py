@@ -185,7 +185,8 @@ def _doctor(case, variants, args: argparse.Namespace, properties) -> None:
     if not doctors:
         return
     path = args.out / f"{case.name}.check.doctor.md"
-    command = " ".join(["python -m stability check", str(args.case), "--doctor"])
+    chosen = [f"--variant {args.variant}"] if args.variant else []
+    command = " ".join(["python -m stability check", str(args.case), *chosen, "--doctor"])
     atomic_write_text(path, invariant_markdown(doctors, str(args.case), command))
     print(f"wrote {path}")
 
