@@ -142,3 +142,28 @@ def test_the_printed_fix_runs_and_gives_the_guarded_variance(tmp_path):
     exec(compile(fixed, str(source), "exec"), namespace)
     pasted, _ = _traced(Variance(lambda x: namespace["variance"](x, 0)), _features())
     np.testing.assert_allclose(pasted, guarded, rtol=1e-6)
+
+
+def test_a_variance_written_over_several_lines_is_rewritten_whole(tmp_path):
+    """The expression spans two lines (as tests/data/check_planted.py writes it): the fix
+    names both and rewrites the expression, not one line of it as a comment."""
+    source = tmp_path / "spread.py"
+    source.write_text(
+        "import tensorflow as tf\n\n\ndef variance(x):\n"
+        "    var = (\n"
+        "        tf.reduce_mean(x**2, axis=0)\n"
+        "        - tf.reduce_mean(x, axis=0) ** 2\n"
+        "    )\n"
+        "    return var\n"
+    )
+    namespace: dict = {}
+    exec(compile(source.read_text(), str(source), "exec"), namespace)
+    layer = Variance(namespace["variance"])
+    guard_layer(layer, GUARD)
+    _traced(layer, _features())
+    [fix] = code_fixes(sites(layer), "float32")
+    assert fix.where.endswith("spread.py:6-7")
+    assert fix.before == "tf.reduce_mean(x**2, axis=0) - tf.reduce_mean(x, axis=0) ** 2"
+    assert fix.after == (
+        "tf.reduce_mean(tf.square(x - tf.reduce_mean(x, axis=0, keepdims=True)), axis=0)"
+    )

@@ -12,14 +12,13 @@ shown at that call, with the guard's expression to put in its place.
 from __future__ import annotations
 
 import ast
-import linecache
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from stability.model.op_guard import OpGuard, Site, exp_cap, guard_named
+from stability.model.op_guard import OpGuard, Site, exp_cap, guard_named, joined_source
 
 #: The binary operators that build an op type, for a guard's op types.
 _OPERATORS = {
@@ -33,16 +32,19 @@ _OPERATORS = {
 
 @dataclass(frozen=True)
 class CodeFix:
-    """One rewritten line: where it is, and the line before and after."""
+    """One rewritten line: where it is, and the line before and after (an expression over
+    several lines, ``line`` to ``end_line``, joined into one)."""
 
     file: str
     line: int
     before: str
     after: str
+    end_line: int | None = None
 
     @property
     def where(self) -> str:
-        return f"{_short(self.file)}:{self.line}"
+        lines = f"{self.line}-{self.end_line}" if self.end_line else str(self.line)
+        return f"{_short(self.file)}:{lines}"
 
 
 def _short(file: str) -> str:
@@ -77,14 +79,15 @@ def code_fixes(sites: Sequence[Site], dtype: str) -> list[CodeFix]:
     compute what they did. A guard that changed nothing there (its failure comes after some
     training) keeps all its sites. Two guards of one line (a chain: the division and the
     log of a loss) both rewrite it."""
-    by_line: dict[tuple[str, int], dict[tuple, Site]] = {}
+    by_line: dict[tuple[str, int, int | None], dict[tuple, Site]] = {}
     for site in _kept(sites):
         if site.file is not None and site.line is not None:
-            group = by_line.setdefault((site.file, site.line), {})
+            group = by_line.setdefault((site.file, site.line, site.end_line), {})
             group.setdefault((site.guard, site.col, site.end_col), site)
     fixes = []
-    for (file, line), group in by_line.items():
-        raw = linecache.getline(file, line).rstrip("\n")
+    for (file, line, end_line), group in by_line.items():
+        # An expression over several lines is read as one: its end column moves by shift.
+        raw, shift = joined_source(file, line, end_line)
         before = raw.strip()
         if not before:
             continue
@@ -94,9 +97,9 @@ def code_fixes(sites: Sequence[Site], dtype: str) -> list[CodeFix]:
         for site in sorted(group.values(), key=lambda s: -1 if s.col is None else -s.col):
             span = None
             if site.col is not None and site.end_col is not None:
-                span = (site.col - indent, site.end_col - indent)
+                span = (site.col - indent, site.end_col + shift - indent)
             after = rewrite_line(after, guard_named(site.guard), dtype, span, site.segments)
-        fixes.append(CodeFix(file, line, before, after))
+        fixes.append(CodeFix(file, line, before, after, end_line))
     return fixes
 
 

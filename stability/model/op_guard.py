@@ -102,6 +102,9 @@ class Site:
     #: A segmented guard's segment ids as the user's code names them (the ids argument of
     #: the segment reduction the op feeds), where the line says; None otherwise.
     segments: str | None = None
+    #: The last line of an expression written over several lines (``col`` is then on
+    #: ``line`` and ``end_col`` on ``end_line``); None for one line.
+    end_line: int | None = None
 
 
 def eps(dtype: tf.DType) -> float:
@@ -788,7 +791,19 @@ def _rewriting(guard: OpGuard, found: list[Site]) -> tuple[Callable[..., Any], C
         # recorded, ``flush`` records them again as the identity of the guarded values.
         pending.append((returned, new))
         name = str(where.get("op_name") or op_type)
-        site = Site(guard.name, op_type, name, *user_frame(), _changed(outputs, new), segments)
+        file, line, col, end_col, end_line = user_frame()
+        site = Site(
+            guard.name,
+            op_type,
+            name,
+            file,
+            line,
+            col,
+            end_col,
+            changed=_changed(outputs, new),
+            segments=segments,
+            end_line=end_line,
+        )
         found.append(site)
         return returned
 
@@ -963,15 +978,35 @@ def _sequence(built: list[Any], frames: dict[str, tuple]) -> Callable[..., Any]:
     return callback
 
 
+def joined_source(file: str, line: int, end_line: int | None = None) -> tuple[str, int]:
+    """Lines ``line`` to ``end_line`` of ``file`` as one line (the first as written, each
+    next stripped and joined by a space), and how far the columns of ``end_line`` moved in
+    it (add it to a column of that line); one line as it is, with 0."""
+    first = linecache.getline(file, line).rstrip("\n")
+    if not end_line or end_line <= line:
+        return first, 0
+    text, shift = first.rstrip(), 0
+    for number in range(line + 1, end_line + 1):
+        raw = linecache.getline(file, number).rstrip("\n")
+        shift = len(text) + 1 - (len(raw) - len(raw.lstrip()))
+        text = f"{text} {raw.strip()}"
+    return text, shift
+
+
 def reducer_ids_text(
-    file: str | None = None, line: int | None = None, col: int | None = None, *_: Any
+    file: str | None = None,
+    line: int | None = None,
+    col: int | None = None,
+    end_col: int | None = None,
+    end_line: int | None = None,
 ) -> str | None:
     """The source text of the segment ids a segment reduction was called with on ``line``
-    of ``file`` (its second argument, or ``segment_ids=``), the call starting at ``col``
-    where known; None where the line cannot be read or holds no such call."""
+    of ``file`` (to ``end_line``, for a call over several lines: its second argument, or
+    ``segment_ids=``), the call starting at ``col`` where known; None where the line
+    cannot be read or holds no such call."""
     if file is None or line is None:
         return None
-    raw = linecache.getline(file, line)
+    raw, _ = joined_source(file, line, end_line)
     text = raw.strip().removeprefix("return ")
     try:
         tree = ast.parse(text)
@@ -1145,11 +1180,13 @@ def _changed(raw: Any, guarded: Sequence[tf.Tensor]) -> bool | None:
     return False
 
 
-def user_frame() -> tuple[str | None, int | None, int | None, int | None]:
+def user_frame() -> tuple[str | None, int | None, int | None, int | None, int | None]:
     """The file, line and columns of the innermost frame outside TensorFlow, Keras, the
     standard library and this module: the user's code that built the op being rewritten.
     The columns are those of the frame's current instruction (``inspect.getframeinfo``'s
-    ``positions``, Python 3.11 on): ``traceback.extract_stack`` leaves them out."""
+    ``positions``, Python 3.11 on): ``traceback.extract_stack`` leaves them out. For an
+    expression over several lines, the fifth value is its last line (the start column is
+    on the first, the end column on the last); None for one line."""
     roots, here = _library_roots(), str(Path(__file__).resolve())
     paths = sysconfig.get_paths()
     stdlib, installed = paths["stdlib"], (paths["purelib"], paths["platlib"])
@@ -1164,7 +1201,10 @@ def user_frame() -> tuple[str | None, int | None, int | None, int | None]:
         positions = getattr(inspect.getframeinfo(frame, context=0), "positions", None)
         col = getattr(positions, "col_offset", None)
         end_col = getattr(positions, "end_col_offset", None)
-        if positions is not None and positions.lineno != positions.end_lineno:
-            col = end_col = None  # an expression over several lines: no span on one line
-        return filename, frame.f_lineno, col, end_col
-    return None, None, None, None
+        first, last = (
+            (positions.lineno, positions.end_lineno) if positions is not None else (None, None)
+        )
+        if first is not None and last is not None and last != first:
+            return filename, first, col, end_col, last  # an expression over several lines
+        return filename, frame.f_lineno, col, end_col, None
+    return None, None, None, None, None
