@@ -203,6 +203,7 @@ def test_a_bad_check_table_is_named(tmp_path, table, says):
         (["--variant", "nope"], "", "nope"),
         (["--properties", "symmetry"], "", "'symmetry' is not a property; accepted: step"),
         ([], '\n[check]\ninvariants = ["symmetry"]\n', "'symmetry' is not an invariant"),
+        (["--doctor", "--trained"], "", "use --doctor or --trained, not both"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(tmp_path, extra, table, says):

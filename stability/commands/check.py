@@ -108,6 +108,13 @@ def check_command(args: argparse.Namespace) -> int:
     from stability.sweep.case_file import absolute_plugins
     from stability.sweep.cases import load_case
 
+    if args.doctor and args.trained:
+        from stability.core.errors import StabilityError
+
+        raise StabilityError(
+            "--doctor checks each remedied model as built, so it cannot prove a repair of "
+            "trained weights: use --doctor or --trained, not both"
+        )
     case = load_case(args.case, args.overrides)
     Declared.of(case)  # a bad [check] table is one line, before any model is built
     variants = variant_list(args.variant) if args.variant else case.variants
