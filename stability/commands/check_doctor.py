@@ -64,7 +64,12 @@ def check_and_repair(case_path: str, variant: str, repair: bool = False) -> dict
     scored = check_bug(case_path, variant)
     if not repair or not any(scored[s]["detected"] for s in scored):
         return scored
-    doctor = doctor_case(load_case(case_path), variant)
+    try:
+        doctor = doctor_case(load_case(case_path), variant)
+    except Exception as exc:  # the bug's model: a doctor that cannot start scores no fix
+        first = (str(exc).strip().splitlines() or [""])[0]
+        scored["repair"] = {"recommended": "", "verdicts": f"error: {type(exc).__name__}: {first}"}
+        return scored
     best = doctor.recommended()
     scored["repair"] = {
         "broken": sorted(doctor.broken),
