@@ -185,9 +185,8 @@ def _doctor(case, variants, args: argparse.Namespace, properties) -> None:
             f"doctor: {variant}: " + (f"recommended {best.name}" if best else "no remedy fixes it"),
             file=sys.stderr,
         )
-        for line in doctor.code_fix_text(best).split(" | ") if best else []:
-            if line:
-                print(f"doctor: {variant}: {line}", file=sys.stderr)
+        for fix in doctor.code_fixes(best):
+            print(f"doctor: {variant}: {fix.where}: {fix.before} => {fix.after}", file=sys.stderr)
         doctors.append(doctor)
     if not doctors:
         return

@@ -55,6 +55,11 @@ def _short(file: str) -> str:
         return file
 
 
+def fixes_text(fixes: Sequence[CodeFix]) -> str:
+    """``file:line: before => after`` for each fix, `` | ``-joined (a CSV cell's form)."""
+    return " | ".join(f"{f.where}: {f.before} => {f.after}" for f in fixes)
+
+
 def bounds(dtype: str) -> dict[str, str]:
     """The constants a guard's code names, written out for ``dtype`` (a policy's compute
     dtype for ``mixed_float16``)."""

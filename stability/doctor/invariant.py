@@ -33,7 +33,7 @@ from typing import Any
 
 from stability.compat.keras_layers import nested_layers
 from stability.core.errors import RemedyError, StabilityError
-from stability.doctor.code_fix import CodeFix, code_fixes
+from stability.doctor.code_fix import CodeFix, code_fixes, fixes_text
 from stability.doctor.remedies import case_for
 from stability.doctor.run import LOCALITY, applied_target, trial_target
 from stability.model.op_guard import GUARDS, Site
@@ -122,7 +122,7 @@ class InvariantDoctor:
 
     def code_fix_text(self, repair: Repair | None) -> str:
         """``file:line: before => after`` for each line ``code_fixes`` gives, `` | ``-joined."""
-        return " | ".join(f"{f.where}: {f.before} => {f.after}" for f in self.code_fixes(repair))
+        return fixes_text(self.code_fixes(repair))
 
 
 def _recommendation(repair: Repair) -> tuple:

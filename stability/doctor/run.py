@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING
 from stability.core.errors import RemedyError, StabilityError
 from stability.core.failures import Cause, read_cause
 from stability.data import Dataset
-from stability.doctor.code_fix import CodeFix, code_fixes
+from stability.doctor.code_fix import CodeFix, code_fixes, fixes_text
 from stability.doctor.remedies import candidate, case_for
 from stability.model.op_guard import GUARDS, LOSS_SITE, Site, guard_named
 from stability.model.recipe import Recipe
@@ -392,7 +392,7 @@ class DoctorRun:
     def code_fix_text(self, trial: Trial | None) -> str:
         """``file:line: before => after`` for each line ``code_fixes`` gives, `` | ``-joined."""
         fixes = self.code_fixes(trial) if trial is not None else []
-        return " | ".join(f"{f.where}: {f.before} => {f.after}" for f in fixes)
+        return fixes_text(fixes)
 
     def original_best_mae(self) -> float | None:
         """The median over the original runs of their best MAE before any failure."""
