@@ -23,6 +23,7 @@ import tensorflow as tf
 
 from stability.core.errors import ModelError, StabilityError
 from stability.core.failures import Failure
+from stability.core.graph_function import graph_function
 from stability.data import Dataset
 from stability.data.graphs import Graph, GraphBatch, batch_graphs
 from stability.data.padding import Budget, pad_batch
@@ -70,7 +71,7 @@ class Subject:
         model = self.recipe.model
 
         def outputs_of(training: bool) -> Any:
-            @tf.function(input_signature=signature[:1], reduce_retracing=True)
+            @graph_function(input_signature=signature[:1], reduce_retracing=True)
             def outputs(inputs: dict[str, tf.Tensor]) -> tuple[tf.Tensor, tf.Tensor]:
                 out = forward(model, inputs, training=training)
                 return tf.cast(out["predictions"], tf.float64), normalized(out, inputs)
@@ -81,7 +82,7 @@ class Subject:
         self._training_outputs = outputs_of(True)
         padded = input_signature(self.dataset.num_features, dtype, padded=True)
 
-        @tf.function(input_signature=padded[:1], reduce_retracing=True)
+        @graph_function(input_signature=padded[:1], reduce_retracing=True)
         def padded_outputs(inputs: dict[str, tf.Tensor]) -> tf.Tensor:
             return tf.cast(forward(model, inputs, training=False)["predictions"], tf.float64)
 
@@ -115,7 +116,7 @@ class Subject:
         if self._restore is None:
             state = [*self.recipe.model.variables, *self.recipe.optimizer.variables]
 
-            @tf.function
+            @graph_function()
             def restore(values: list[tf.Tensor]) -> None:
                 for variable, value in zip(state, values, strict=True):
                     variable.assign(value)

@@ -40,6 +40,7 @@ import tensorflow as tf
 
 from stability.compat.keras_layers import nested_layers
 from stability.compat.tf_private import op_callback_first, record_identity
+from stability.core.graph_function import graph_function
 from stability.model.remedy import OP_GUARD
 
 #: A guard's rewrite: the op's inputs -> its guarded outputs, or None to leave the op alone.
@@ -913,7 +914,7 @@ class _Layout:
         try:
             # No autograph, as Keras runs a layer's call (its code is not converted): the
             # survey builds the ops the guarded call builds, in the same order.
-            tf.function(traced, autograph=False).get_concrete_function(*specs)
+            graph_function(traced).get_concrete_function(*specs)
         except Exception:  # a call that cannot be traced alone: no op gets segment ids
             return cls(leaves, [])
         finally:
@@ -1074,7 +1075,7 @@ def producer_types(
         if callable(original):
             object.__setattr__(layer, method, _under(callback, lambda: None, original))
     try:
-        tf.function(forward).get_concrete_function(inputs)
+        graph_function(forward).get_concrete_function(inputs)
     finally:
         for method, value in saved.items():
             if value is not None:
@@ -1098,7 +1099,7 @@ def function_producer_types(
         with op_callback_first(callback):
             return fn(*values)
 
-    tf.function(hooked).get_concrete_function(*args)
+    graph_function(hooked).get_concrete_function(*args)
     return _ancestor_types(built, op_types)
 
 

@@ -27,6 +27,7 @@ import tensorflow as tf
 
 from stability.compat.keras_layers import layer_names
 from stability.compat.tf_private import error_op_type
+from stability.core.graph_function import graph_function
 from stability.core.quiet import stderr_silenced
 from stability.train.failing_op import (
     LOSS_SCOPE,
@@ -131,7 +132,7 @@ def one_off_traces() -> Iterator[None]:
 def first_check_error(fn: Callable[[Any], Any], inputs: Any) -> tuple[str, tf.Graph] | None:
     """Run ``fn(inputs)`` traced afresh with every op checked: the error's message and the
     traced graph, or None if every op stayed finite."""
-    traced = tf.function(fn, jit_compile=False)
+    traced = graph_function(fn, jit_compile=False)
     tf.debugging.enable_check_numerics()
     try:
         # The failing check's error, some 70 lines, is also logged by TensorFlow's C++
@@ -167,7 +168,7 @@ def origin_op(fn: Callable[[Any], Any], inputs: Any) -> tf.Operation | None:
         return {t.name: tf.identity(t) for op in live for t in op.outputs if t.dtype.is_floating}
 
     try:
-        traced = tf.function(every_value, jit_compile=False)
+        traced = graph_function(every_value, jit_compile=False)
         with one_off_traces():
             values = {name: np.asarray(v) for name, v in traced(inputs).items()}
     except (ValueError, KeyError, TypeError, tf.errors.OpError):
@@ -223,7 +224,7 @@ def probe_op(fn: Callable[[Any], Any], inputs: Any, node: str) -> OpEvidence | N
         return [tf.identity(t) for t in (*op.inputs, *op.outputs[:1]) if t.dtype.is_floating]
 
     try:
-        traced = tf.function(probed, jit_compile=False)
+        traced = graph_function(probed, jit_compile=False)
         with one_off_traces():
             values = [np.asarray(v) for v in traced(inputs)]
         graph = traced.get_concrete_function(inputs).graph
@@ -271,7 +272,7 @@ def xla_gradient_site(
             tf.reduce_all([tf.reduce_all(tf.math.is_finite(g)) for g in done.gradients]),
         )
 
-    raw_finite, final_finite = tf.function(finite_gradients, jit_compile=True)(inputs)
+    raw_finite, final_finite = graph_function(finite_gradients, jit_compile=True)(inputs)
     # XLA compiles the whole step into one cluster, so no per-op check can name the op.
     bad = [w.path for w, ok in zip(weights, raw_finite.numpy(), strict=True) if not ok]
     if bad:

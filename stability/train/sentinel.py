@@ -50,6 +50,7 @@ import tensorflow as tf
 
 from stability.compat.keras_private import COMPUTE_LOSS_ARGS
 from stability.core.failures import Cause, Failure
+from stability.core.graph_function import graph_function
 from stability.core.results import NAN_FIELDS
 from stability.train import guard
 from stability.train.checks import all_finite, nonfinite_weight_site, normalization_site
@@ -256,7 +257,7 @@ class NanSentinel(keras.callbacks.Callback):
         failed, then runs the step: under XLA as a function compiled with XLA of its own,
         so the batch is kept outside it (XLA fixes a variable's shape, and a batch's shape
         varies), and the step inside is the one ``jit_compile=True`` compiles."""
-        step = tf.function(train_step, jit_compile=True, reduce_retracing=True) if xla else None
+        step = graph_function(train_step, jit_compile=True, reduce_retracing=True) if xla else None
 
         def keeping_train_step(data: Any) -> Any:
             tf.cond(self._failed_step < 0, lambda: self._keep(data), tf.no_op)

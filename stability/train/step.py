@@ -8,6 +8,7 @@ from typing import Any
 import keras
 import tensorflow as tf
 
+from stability.core.graph_function import graph_function
 from stability.model.losses import loss_predictions
 from stability.model.recipe import Recipe
 from stability.train import guard as step_guard
@@ -50,7 +51,7 @@ def make_train_step(
     state = step_guard.optimizer_state(optimizer)
     dtype = stats_dtype(weights)
 
-    @tf.function(input_signature=signature, reduce_retracing=True, jit_compile=jit_compile)
+    @graph_function(input_signature=signature, reduce_retracing=True, jit_compile=jit_compile)
     def step(inputs: dict[str, tf.Tensor], targets: tf.Tensor) -> tf.Tensor:
         done = differentiate(
             lambda: forward(model, inputs, training=True),
@@ -135,7 +136,7 @@ def make_predict(model: keras.Model, signature: tuple[Any, Any]) -> Callable[...
     """Validation's compiled forward pass (``training=False``): predictions and ``[1]`` bool,
     whether the forward tensors are finite and the attention is normalized."""
 
-    @tf.function(input_signature=signature[:1], reduce_retracing=True)
+    @graph_function(input_signature=signature[:1], reduce_retracing=True)
     def predict(inputs: dict[str, tf.Tensor]) -> tuple[tf.Tensor, tf.Tensor]:
         out = forward(model, inputs, training=False)
         healthy = all_finite(watched_tensors(out)) & normalized(out, inputs)

@@ -13,6 +13,7 @@ import tensorflow as tf
 
 from stability.compat.keras_private import is_slot_of, slot_name
 from stability.compat.tf_private import captured_handles, error_op_type
+from stability.core.graph_function import graph_function
 from stability.train.failing_op import failing_node
 from stability.train.replay import first_check_error, loss_pair, one_off_traces, probe_op
 from stability.train.site import NanSite, what_happened
@@ -65,7 +66,7 @@ def replay_update(
 
     try:
         with one_off_traces():
-            raw, final = tf.function(gradients, jit_compile=False)(inputs)
+            raw, final = graph_function(gradients, jit_compile=False)(inputs)
         restore(state, saved)
         stale = nonfinite_state(optimizer)
         if stale is not None:  # e.g. a NaN learning rate: no op of this update made it
