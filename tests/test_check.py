@@ -175,6 +175,26 @@ def test_every_invariant_has_a_planted_bug():
     assert {prop for _, prop, _ in PLANTED_BUGS} == set(INVARIANTS)
 
 
+def check_args(
+    path: Path, variants: list[str], properties: list[str], out: Path, workers: int = 1
+) -> list[str]:
+    """``check``'s arguments for ``variants`` and ``properties`` of the planted case, on 10
+    examples, written to ``out``."""
+    return [
+        str(path),
+        "--variant",
+        ",".join(variants),
+        "--properties",
+        ",".join(properties),
+        "--examples",
+        "10",
+        "--workers",
+        str(workers),
+        "--out",
+        str(out),
+    ]
+
+
 def cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "stability", "check", *args],
@@ -219,21 +239,8 @@ def test_the_command_writes_the_report_and_exits_1_on_a_failure(tmp_path):
     path = planted_case(tmp_path)
     out = tmp_path / "out"
     # In this process, on one worker: test_workers_give_the_rows_of_one_process starts two.
-    done = run_cli(
-        "check",
-        str(path),
-        "--variant",
-        "planted_first_edge,planted_clean",
-        "--properties",
-        "edge_order",
-        "--examples",
-        "10",
-        "--workers",
-        "1",
-        "--out",
-        str(out),
-        cwd=tmp_path,
-    )
+    variants = ["planted_first_edge", "planted_clean"]
+    done = run_cli("check", *check_args(path, variants, ["edge_order"], out), cwd=tmp_path)
     assert done.returncode == 1, done.stderr
     text = (out / "planted.check.md").read_text()
     assert "1 of 2 variants pass every property" in text
@@ -262,20 +269,7 @@ def test_workers_give_the_rows_of_one_process(case, tmp_path):
     path = planted_case(tmp_path)
     variants = ["planted_first_edge", "planted_batch_norm"]
     properties = ["edge_order", "batch_independence"]
-    done = cli(
-        str(path),
-        "--variant",
-        ",".join(variants),
-        "--properties",
-        ",".join(properties),
-        "--examples",
-        "10",
-        "--workers",
-        "2",
-        "--out",
-        str(tmp_path / "out"),
-        cwd=tmp_path,
-    )
+    done = cli(*check_args(path, variants, properties, tmp_path / "out", workers=2), cwd=tmp_path)
     assert done.returncode == 1, done.stderr
     written = pd.read_csv(tmp_path / "out" / "planted.check.csv")
     here = load_case(path)

@@ -5,7 +5,7 @@ model, each proved by checking the remedied model again."""
 from __future__ import annotations
 
 from conftest import run_cli
-from test_check import planted_case
+from test_check import check_args, planted_case
 
 from stability.doctor.invariant import InvariantDoctor, Repair
 from stability.model.remedy import get_remedy
@@ -20,22 +20,9 @@ def test_check_doctor_repairs_a_cancellation_and_finds_no_fix_for_batch_statisti
     normalization by the whole batch's statistics (no remedy changes what is normalized)."""
     path = planted_case(tmp_path)
     out = tmp_path / "out"
-    done = run_cli(
-        "check",
-        str(path),
-        "--variant",
-        "planted_cancellation,planted_batch_norm",
-        "--properties",
-        "dtype_agreement,batch_independence",
-        "--examples",
-        "10",
-        "--workers",
-        "1",
-        "--doctor",
-        "--out",
-        str(out),
-        cwd=tmp_path,
-    )
+    variants = ["planted_cancellation", "planted_batch_norm"]
+    args = check_args(path, variants, ["dtype_agreement", "batch_independence"], out)
+    done = run_cli("check", *args, "--doctor", cwd=tmp_path)
     assert done.returncode == 1, done.stderr  # the check's verdict: properties fail
     assert "planted_cancellation: recommended guard_variance_centered@planted_net" in done.stderr
     assert "planted_batch_norm: no remedy fixes it" in done.stderr

@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from stability.model.op_guard import OpGuard, Site, exp_cap, guard_named, joined_source
+from stability.model.remedy import Remedy
 
 #: The binary operators that build an op type, for a guard's op types.
 _OPERATORS = {
@@ -74,6 +75,15 @@ def bounds(dtype: str) -> dict[str, str]:
         # Every digit the dtype has: the guard compares with the lowest number exactly.
         "LOWEST": f"{float(info.min):.9g}",
     }
+
+
+def remedy_fixes(remedy: Remedy | None, sites: Sequence[Site], dtype: str) -> list[CodeFix]:
+    """The lines of the user's code an op guard's remedy rewrote at ``sites`` (both
+    doctors' trials and repairs record them), before and after, with ``dtype``'s bounds
+    written out; none for no remedy, or one that is not an op guard."""
+    if remedy is None or not remedy.is_op_guard or not sites:
+        return []
+    return code_fixes(sites, dtype)
 
 
 def code_fixes(sites: Sequence[Site], dtype: str) -> list[CodeFix]:

@@ -33,12 +33,12 @@ from typing import Any
 
 from stability.compat.keras_layers import nested_layers
 from stability.core.errors import RemedyError, StabilityError
-from stability.doctor.code_fix import CodeFix, code_fixes, fixes_text
+from stability.doctor.code_fix import CodeFix, fixes_text, remedy_fixes
 from stability.doctor.remedies import case_for
 from stability.doctor.run import LOCALITY, applied_target, trial_target
-from stability.model.op_guard import GUARDS, Site
+from stability.model.op_guard import Site, guard_named
 from stability.model.remedies import failing_op_producers, recipe_sites
-from stability.model.remedy import OP_GUARD, REMEDY_MARK, Remedy, list_remedies
+from stability.model.remedy import OP_GUARD, REMEDY_MARK, Remedy, at_layer, list_remedies
 from stability.report.verdicts import DOES_NOT_HELP, FIXES, HOLDS_ON_THIS_DATA, NOT_APPLICABLE
 from stability.sweep.cases import Case
 
@@ -77,7 +77,7 @@ class Repair:
     @property
     def name(self) -> str:
         """The remedy as the remedied variant names it (``guard_sqrt@layer``)."""
-        return f"{self.remedy.name}@{self.layer}" if self.layer else self.remedy.name
+        return at_layer(self.remedy.name, self.layer)
 
     @property
     def variant(self) -> str | None:
@@ -116,9 +116,9 @@ class InvariantDoctor:
 
     def code_fixes(self, repair: Repair | None) -> list[CodeFix]:
         """The lines of the user's code an op guard's repair rewrites, before and after."""
-        if repair is None or not repair.remedy.is_op_guard or not repair.sites:
+        if repair is None:
             return []
-        return code_fixes(repair.sites, self.case.dtype)
+        return remedy_fixes(repair.remedy, repair.sites, self.case.dtype)
 
     def code_fix_text(self, repair: Repair | None) -> str:
         """``file:line: before => after`` for each line ``code_fixes`` gives, `` | ``-joined."""
@@ -206,7 +206,7 @@ def planned_repairs(case: Case, variant: str) -> list[Repair]:
 def _guard_repairs(
     remedy: Remedy, case: Case, variant: str, layers: Mapping[str, tuple[str, ...]]
 ) -> list[Repair]:
-    guard = next(g for g in GUARDS if g.name == remedy.name)
+    guard = guard_named(remedy.name)
     sites = [name for name, ops in layers.items() if set(guard.op_types) & set(ops)]
     if not sites:
         ops = " or ".join(guard.op_types)
@@ -219,7 +219,7 @@ def _built(
 ) -> Repair:
     """The repair with its remedied case built and its predicate asked (``applied_target``:
     an op guard must rewrite an op on a batch); ``not applicable`` with why otherwise."""
-    name = f"{case.name}__{remedy.name}" + (f"@{layer}" if layer else "")
+    name = f"{case.name}__{at_layer(remedy.name, layer)}"
     try:
         remedied = case_for(remedy, case, variant, layer, name)
         target = applied_target(remedy, case, remedied, tuple(ops))

@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING
 from stability.core.errors import RemedyError, StabilityError
 from stability.core.failures import Cause, read_cause
 from stability.data import Dataset
-from stability.doctor.code_fix import CodeFix, code_fixes, fixes_text
+from stability.doctor.code_fix import CodeFix, fixes_text, remedy_fixes
 from stability.doctor.remedies import candidate, case_for
 from stability.model.op_guard import GUARDS, LOSS_SITE, Site, guard_named
 from stability.model.recipe import Recipe
@@ -51,6 +51,7 @@ from stability.model.remedies import failing_op_producers, recipe_sites
 from stability.model.remedy import (
     DIVERGENCE,
     HEADROOM,
+    LAYER_MARK,
     OP_GUARD,
     REMEDY_MARK,
     WEIGHT_GROWTH,
@@ -385,9 +386,7 @@ class DoctorRun:
     def code_fixes(self, trial: Trial) -> list[CodeFix]:
         """The lines of the user's code an op guard's trial rewrites, before and after, with
         the case dtype's bounds written out; none for another remedy."""
-        if not trial.remedy.is_op_guard or not trial.sites:
-            return []
-        return code_fixes(trial.sites, self.original.case.dtype)
+        return remedy_fixes(trial.remedy, trial.sites, self.original.case.dtype)
 
     def code_fix_text(self, trial: Trial | None) -> str:
         """``file:line: before => after`` for each line ``code_fixes`` gives, `` | ``-joined."""
@@ -652,7 +651,8 @@ def _follow_up(run: DoctorRun, trial: Trial, remedy: Remedy, step: str, ops: tup
     sites = recipe_sites(target.recipe())
     if {_place(s) for s in sites} <= {_place(s) for s in trial.sites}:
         return []  # the layer is guarded already, as one of the guarded layer's class
-    label = f"{trial.remedy.label}, then {remedy.label} in {step.partition('@')[2] or 'the model'}"
+    place = step.partition(LAYER_MARK)[2] or "the model"
+    label = f"{trial.remedy.label}, then {remedy.label} in {place}"
     chained = replace(remedy, name=name, label=label)
     return [Trial(chained, case, trial.folder, sites=sites)]
 

@@ -226,10 +226,14 @@ def list_model_remedies() -> list[str]:
     return sorted(_model_remedies())
 
 
+def at_layer(remedy: str, layer: str | None) -> str:
+    """``kernel_constraint@message_passing_0``, or the remedy's own name with no layer."""
+    return f"{remedy}{LAYER_MARK}{layer}" if layer else remedy
+
+
 def remedied_name(variant: str, remedy: str, layer: str | None = None) -> str:
     """``raw_e+clip``, or ``raw_e+kernel_constraint@message_passing_0`` with a layer."""
-    suffix = f"{LAYER_MARK}{layer}" if layer else ""
-    return f"{variant}{REMEDY_MARK}{remedy}{suffix}"
+    return f"{variant}{REMEDY_MARK}{at_layer(remedy, layer)}"
 
 
 def remedied_variant(name: str, lookup: Callable[[str], Variant]) -> Variant:
