@@ -4,6 +4,7 @@ model, each proved by checking the remedied model again."""
 
 from __future__ import annotations
 
+import pytest
 from conftest import run_cli
 from test_check import check_args, planted_case
 
@@ -36,6 +37,22 @@ def test_check_doctor_repairs_a_cancellation_and_finds_no_fix_for_batch_statisti
     assert "breaks `batch_independence`" in batch_norm and "No remedy fixes it." in batch_norm
     # Remedies that act through training or change the data are named, not tried.
     assert "| `clip` | optimizer setting | not applicable | it acts through training" in text
+
+
+@pytest.mark.slow
+def test_check_doctor_centres_a_graph_norm_s_variance_on_each_graph_s_mean(tmp_path):
+    """A per-graph variance written as segment means, E[x^2] - E[x]^2 of values near
+    3000: the variance guard recomputes it from each node's deviation from its graph's
+    mean, and its fix as code gathers the user's mean back to the nodes."""
+    path = planted_case(tmp_path)
+    out = tmp_path / "out"
+    args = check_args(path, ["planted_segment_cancellation"], ["dtype_agreement"], out)
+    done = run_cli("check", *args, "--doctor", cwd=tmp_path)
+    assert done.returncode == 1, done.stderr
+    assert "recommended guard_variance_centered@planted_net" in done.stderr
+    text = (out / "planted.check.doctor.md").read_text()
+    assert "| `guard_variance_centered@planted_net` | stable reformulation | fixes |" in text
+    assert "tf.gather(mean, graph)" in text
 
 
 def test_a_repair_s_verdict_follows_what_the_check_found_after_it(tmp_path):

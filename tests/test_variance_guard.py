@@ -162,3 +162,131 @@ def test_a_variance_written_over_several_lines_is_rewritten_whole(tmp_path):
     assert fix.after == (
         "tf.reduce_mean(tf.square(x - tf.reduce_mean(x, axis=0, keepdims=True)), axis=0)"
     )
+
+
+#: ``[64]`` ids: four segments of 16 rows (graphs of a batch), in order.
+IDS = np.repeat(np.arange(4), 16).astype(np.int32)
+
+
+def _count(ids):
+    """Each segment's rows, ``[4, 1]``: a graph's size, as a graph norm counts it."""
+    return tf.math.unsorted_segment_sum(tf.ones_like(ids, tf.float32), ids, 4)[:, None]
+
+
+SEGMENT_SPELLINGS = {
+    "unsorted_segment_mean": lambda x: (
+        tf.math.unsorted_segment_mean(tf.square(x), IDS, 4)
+        - tf.square(tf.math.unsorted_segment_mean(x, IDS, 4))
+    ),
+    "keras ops, sum over count": lambda x: (
+        lambda ids, count: (
+            ops.segment_sum(ops.square(x), ids, 4) / count
+            - ops.square(ops.segment_sum(x, ids, 4) / count)
+        )
+    )(tf.constant(IDS), _count(tf.constant(IDS))),
+    "segment_mean, powers": lambda x: (
+        tf.math.segment_mean(x**2, IDS) - tf.math.segment_mean(x, IDS) ** 2
+    ),
+}
+
+
+@pytest.mark.parametrize("spelling", sorted(SEGMENT_SPELLINGS))
+def test_a_segment_variance_is_the_float64_one_where_the_raw_cancels(spelling):
+    """A graph norm's per-graph variance, segment_mean(x^2) - segment_mean(x)^2: each
+    graph's deviations from its own mean, squared and averaged over the graph."""
+    x = _features()
+    rows = x.astype(np.float64).reshape(4, 16, 3)
+    truth = rows.var(axis=1)
+    raw, _ = _traced(Variance(SEGMENT_SPELLINGS[spelling]), x)
+    layer = Variance(SEGMENT_SPELLINGS[spelling])
+    guard_layer(layer, GUARD)
+    guarded, gradient = _traced(layer, x)
+    assert np.max(np.abs(raw.reshape(4, 3)[:, 0] - truth[:, 0])) > 0.1 * truth[:, 0].min()
+    np.testing.assert_allclose(guarded.reshape(4, 3), truth, rtol=1e-4, atol=1e-6)
+    centered = (rows - rows.mean(axis=1, keepdims=True)).reshape(64, 3)
+    expected = 2.0 * centered / 16 * np.array([1.0, 2.0, 3.0])
+    # float32 keeps a height of 1000 to ulp(1000) and its graph's mean to a few of them,
+    # so a deviation near 0 is known to that: 2 (x - mean) / 16 to 8 ulp / 16.
+    atol = 8 * float(np.spacing(np.float32(1000.0))) / 16
+    np.testing.assert_allclose(gradient, expected, rtol=1e-3, atol=atol)
+    assert [s.op_type for s in sites(layer)] == ["Sub"]
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [
+        # Another grouping of the rows on each side.
+        lambda x: (
+            tf.math.unsorted_segment_mean(tf.square(x), IDS, 4)
+            - tf.square(tf.math.unsorted_segment_mean(x, IDS[::-1], 4))
+        ),
+        # Divided by other counts: not the mean the left side takes.
+        lambda x: (
+            tf.math.unsorted_segment_sum(tf.square(x), IDS, 4) / _count(IDS)
+            - tf.square(tf.math.unsorted_segment_sum(x, IDS, 4) / (_count(IDS) + 1.0))
+        ),
+    ],
+)
+def test_a_segment_difference_that_is_no_variance_is_left_alone(fn):
+    x = _features()
+    layer = Variance(fn)
+    guard_layer(layer, GUARD)
+    np.testing.assert_array_equal(_traced(layer, x)[0], _traced(Variance(fn), x)[0])
+    assert not sites(layer)
+
+
+@pytest.mark.parametrize(
+    ("before", "after"),
+    [
+        (
+            "var = tf.math.unsorted_segment_mean(tf.square(h), graph, n) "
+            "- tf.square(tf.math.unsorted_segment_mean(h, graph, n))",
+            "var = tf.math.unsorted_segment_mean(tf.square(h - tf.gather("
+            "tf.math.unsorted_segment_mean(h, graph, n), graph)), graph, n)",
+        ),
+        (
+            "var = ops.segment_sum(h ** 2, ids, n) / count "
+            "- (ops.segment_sum(h, ids, n) / count) ** 2",
+            "var = ops.segment_sum(ops.square(h - ops.take(ops.segment_sum(h, ids, n) / count, "
+            "ids, axis=0)), ids, n) / count",
+        ),
+    ],
+)
+def test_a_segment_variance_s_fix_centres_each_row_on_its_segment_s_mean(before, after):
+    assert rewrite_line(before, GUARD, "float32") == after
+
+
+def test_the_printed_segment_fix_runs_and_gives_the_guarded_variance(tmp_path):
+    source = tmp_path / "graph_norm.py"
+    source.write_text(
+        "from keras import ops\n\n\ndef variance(h, graph, count):\n"
+        "    mean = ops.segment_sum(h, graph, 4) / count\n"
+        "    return ops.segment_sum(ops.square(h), graph, 4) / count - ops.square(mean)\n"
+    )
+    namespace: dict = {}
+    exec(compile(source.read_text(), str(source), "exec"), namespace)
+    ids = tf.constant(IDS)
+
+    def fn(h):
+        return namespace["variance"](h, ids, _count(ids))
+
+    layer = Variance(fn)
+    guard_layer(layer, GUARD)
+    guarded, _ = _traced(layer, _features())
+    [fix] = code_fixes(sites(layer), "float32")
+    assert "ops.take(mean, graph, axis=0)" in fix.after
+    fixed = source.read_text().replace(fix.before, fix.after)
+    exec(compile(fixed, str(source), "exec"), namespace)
+    pasted, _ = _traced(Variance(fn), _features())
+    np.testing.assert_allclose(pasted, guarded, rtol=1e-6)
+
+
+@pytest.mark.parametrize("spelling", sorted(SEGMENT_SPELLINGS))
+def test_an_eager_segment_variance_is_recognized_from_the_callback_s_record(spelling):
+    """Eagerly (the doctor's check batch), each side's counts and ids are tensors of their
+    own: the guard compares them by value, and records that it changed the variance."""
+    layer = Variance(SEGMENT_SPELLINGS[spelling])
+    guard_layer(layer, GUARD)
+    layer(tf.constant(_features()))
+    [site] = sites(layer)
+    assert site.changed is True and site.file == __file__

@@ -457,6 +457,18 @@ def _variance_centered(
     # exact to ulp(x). The inner mean is a constant to the tape, as in tf.nn.moments: the
     # deviations sum to 0, so the variance's gradient does not go through it.
     left, right = inputs
+    variance = _axes_variance(left, right, made)
+    if variance is None:
+        variance = _segment_variance(left, right, made)
+    if variance is None or not variance.shape.is_compatible_with(left.shape):
+        return None
+    shape = tf.broadcast_dynamic_shape(tf.shape(left), tf.shape(right))
+    return [tf.broadcast_to(variance, shape)]
+
+
+def _axes_variance(left: Any, right: Any, made: Callable[[Any], Made | None]) -> Any | None:
+    """``mean(square(x - mean(x)))`` where ``left - right`` is ``mean(square(x), axes) -
+    square(mean(x, axes))``; None for another difference."""
     squares = _mean_of(left, made)
     mean = _squared(right, made)
     mean = _mean_of(mean, made) if mean is not None else None
@@ -468,24 +480,122 @@ def _variance_centered(
         return None
     axes = [int(a) for a in squares[1]]
     center = tf.stop_gradient(tf.reduce_mean(x, axis=axes, keepdims=True))
-    variance = tf.reduce_mean(tf.square(x - center), axis=axes, keepdims=squares[2])
-    if not variance.shape.is_compatible_with(left.shape):
+    return tf.reduce_mean(tf.square(x - center), axis=axes, keepdims=squares[2])
+
+
+@dataclass(frozen=True)
+class _SegmentMean:
+    """A mean over segments as a graph layer writes it: ``SegmentMean(x, ids)``, or a
+    segment sum (``reducer``, over ``num_segments``) divided by ``count`` (a node's degree,
+    a graph's size; ``tf.math.unsorted_segment_mean`` is one)."""
+
+    x: Any
+    ids: Any
+    reducer: str
+    num_segments: Any = None
+    count: Any = None
+
+    def of(self, values: Any) -> Any:
+        """The same mean of ``values`` (rows as ``x``'s)."""
+        if self.reducer == "SegmentMean":
+            return tf.math.segment_mean(values, self.ids)
+        if self.reducer == "SegmentSum":
+            summed = tf.math.segment_sum(values, self.ids)
+        else:
+            summed = tf.math.unsorted_segment_sum(values, self.ids, self.num_segments)
+        return summed / self.count
+
+    def matches(self, other: _SegmentMean, made: Callable[[Any], Made | None]) -> bool:
+        """Whether ``other`` is the same mean: the same reduction of the same ids into as
+        many segments, divided by the same count (each ``unsorted_segment_mean`` counts
+        its segments anew: the same ops on the same ids)."""
+        return self.reducer == other.reducer and all(
+            _equivalent(a, b, made)
+            for a, b in (
+                (self.ids, other.ids),
+                (self.num_segments, other.num_segments),
+                (self.count, other.count),
+            )
+        )
+
+
+#: How many ops deep two tensors are compared op by op (``_equivalent``): a segment
+#: count is ``Maximum(Reshape(UnsortedSegmentSum(Fill(Shape(ids)), ...)), 1)``.
+_EQUIVALENCE_DEPTH = 6
+
+
+def _equivalent(a: Any, b: Any, made: Callable[[Any], Made | None], depth: int = 0) -> bool:
+    """Whether ``a`` and ``b`` hold the same values by construction: one tensor, equal
+    known values, or the same op of equivalent inputs (None and None: both absent)."""
+    if a is None or b is None:
+        return a is None and b is None
+    if _same(a, b):
+        return True
+    known = [tf.get_static_value(t) for t in (a, b)]
+    if known[0] is not None and known[1] is not None:
+        return bool(np.shape(known[0]) == np.shape(known[1]) and np.all(known[0] == known[1]))
+    op_a, op_b = made(a), made(b)
+    if depth >= _EQUIVALENCE_DEPTH or op_a is None or op_b is None:
+        return False
+    # An op's attributes are not read: its dtype and shape stand for them (a Cast's
+    # target, a reduction's keep_dims).
+    alike = a.dtype == b.dtype and str(a.shape) == str(b.shape)
+    if not alike or op_a.type != op_b.type or len(op_a.inputs) != len(op_b.inputs):
+        return False
+    pairs = zip(op_a.inputs, op_b.inputs, strict=True)
+    return all(_equivalent(x, y, made, depth + 1) for x, y in pairs)
+
+
+_SEGMENT_SUMS = frozenset({"UnsortedSegmentSum", "SegmentSum"})
+
+
+def _segment_mean_of(t: Any, made: Callable[[Any], Made | None]) -> _SegmentMean | None:
+    """The segment mean ``t`` is, or None."""
+    _, op = _unwrapped(t, made)
+    if op is None:
         return None
-    shape = tf.broadcast_dynamic_shape(tf.shape(left), tf.shape(right))
-    return [tf.broadcast_to(variance, shape)]
+    if op.type == "SegmentMean":
+        return _SegmentMean(op.inputs[0], op.inputs[1], op.type)
+    if op.type not in ("RealDiv", "DivNoNan"):
+        return None
+    _, summed = _unwrapped(op.inputs[0], made)
+    if summed is None or summed.type not in _SEGMENT_SUMS:
+        return None
+    segments = summed.inputs[2] if len(summed.inputs) > 2 else None
+    return _SegmentMean(summed.inputs[0], summed.inputs[1], summed.type, segments, op.inputs[1])
+
+
+def _segment_variance(left: Any, right: Any, made: Callable[[Any], Made | None]) -> Any | None:
+    """The mean over each segment of ``square(x - its segment's mean)`` where ``left -
+    right`` is ``segment_mean(square(x)) - square(segment_mean(x))`` (a graph norm's
+    per-graph or per-node variance, written with segment sums and counts); None for
+    another difference. The centre is the user's own mean (``right``'s root), gathered
+    back to each row, and the variance is divided by ``left``'s count as the user's was."""
+    squares = _segment_mean_of(left, made)
+    root = _squared(right, made)
+    mean = _segment_mean_of(root, made) if root is not None else None
+    if squares is None or mean is None or not squares.matches(mean, made):
+        return None
+    x = _squared(squares.x, made)
+    if x is None or not _same(x, mean.x):
+        return None
+    center = tf.gather(tf.stop_gradient(root), squares.ids)
+    return squares.of(tf.square(x - center))
 
 
 def _variance_centered_code(call: str, args: Sequence[str]) -> str:
     """``mean(square(x - mean(x, axes, keepdims=True)), axes)`` from the user's
-    ``mean(square(x), axes) - square(mean)``, in the user's own calls; where the left
-    term is written otherwise, the guard's expression."""
+    ``mean(square(x), axes) - square(mean)``, in the user's own calls (for a segment mean,
+    ``x`` less the user's mean gathered back to its rows: ``_segment_centered_code``);
+    where the left term is written otherwise, the guard's expression."""
     left = args[0] if args else ""
-    try:
-        node = ast.parse(left, mode="eval").body
-    except SyntaxError:
-        node = None
+    fallback = f"mean(square(x - mean(x)))  # in place of {call}({', '.join(args)})"
+    node = _expression(left)
+    segmented = _segment_centered_code(node, _expression(args[1]) if len(args) > 1 else None)
+    if segmented is not None:
+        return segmented
     if not isinstance(node, ast.Call) or not node.args:
-        return f"mean(square(x - mean(x)))  # in place of {call}({', '.join(args)})"
+        return fallback
     mean = ast.unparse(node.func)
     inner = node.args[0]
     ns = mean.rpartition(".")[0] or "tf"
@@ -494,12 +604,64 @@ def _variance_centered_code(call: str, args: Sequence[str]) -> str:
     elif isinstance(inner, ast.BinOp) and isinstance(inner.op, (ast.Pow, ast.Mult)):
         square, x = f"{ns}.square", ast.unparse(inner.left)
     else:
-        return f"mean(square(x - mean(x)))  # in place of {call}({', '.join(args)})"
+        return fallback
     rest = [ast.unparse(a) for a in node.args[1:]]
     kept = [f"{k.arg}={ast.unparse(k.value)}" for k in node.keywords if k.arg != "keepdims"]
     keep = [f"{k.arg}={ast.unparse(k.value)}" for k in node.keywords if k.arg == "keepdims"]
     center = f"{mean}({', '.join([x, *rest, *kept, 'keepdims=True'])})"
     return f"{mean}({', '.join([f'{square}({x} - {center})', *rest, *kept, *keep])})"
+
+
+def _expression(text: str) -> ast.expr | None:
+    try:
+        return ast.parse(text, mode="eval").body
+    except SyntaxError:
+        return None
+
+
+def _square_root_of(node: ast.AST | None) -> ast.expr | None:
+    """What ``node`` squares (``square(m)``, ``m ** 2``, ``m * m``), or None."""
+    if isinstance(node, ast.Call) and len(node.args) == 1 and _called(node).endswith("square"):
+        return node.args[0]
+    if not isinstance(node, ast.BinOp):
+        return None
+    power = isinstance(node.op, ast.Pow) and isinstance(node.right, ast.Constant)
+    if power and node.right.value == 2:
+        return node.left
+    product = isinstance(node.op, ast.Mult) and ast.dump(node.left) == ast.dump(node.right)
+    return node.left if product else None
+
+
+def _called(node: ast.Call) -> str:
+    return ast.unparse(node.func)
+
+
+def _segment_centered_code(left: ast.expr | None, right: ast.expr | None) -> str | None:
+    """``left`` with the square inside its segment reduction (``segment_sum(square(x),
+    ids, n) / count``, ``segment_mean(x ** 2, ids)``) taken of ``x - gather(m, ids)``,
+    ``m`` the mean ``right`` squares as the user wrote it (``take`` in Keras ops); None
+    where ``left`` holds no segment reduction of a square."""
+    root = _square_root_of(right)
+    if left is None or root is None:
+        return None
+    for reducer in ast.walk(left):
+        if not isinstance(reducer, ast.Call) or "segment" not in _called(reducer):
+            continue
+        x = _square_root_of(reducer.args[0]) if len(reducer.args) >= 2 else None
+        if x is None:
+            continue
+        ns = _called(reducer).rpartition(".")[0] or "tf"
+        ids = reducer.args[1]
+        gather = f"{ns}.take" if ns.split(".")[-1] == "ops" else "tf.gather"
+        center = ast.Call(ast.parse(gather, mode="eval").body, [root, ids], [])
+        if gather.endswith("take"):
+            center.keywords = [ast.keyword("axis", ast.Constant(0))]
+        written = reducer.args[0]  # the user's own square call, where it is one
+        name = written.func if isinstance(written, ast.Call) else _expression(f"{ns}.square")
+        square = ast.Call(name, [ast.BinOp(x, ast.Sub(), center)], [])
+        reducer.args[0] = square
+        return ast.unparse(left)
+    return None
 
 
 _EPS = "machine epsilon"

@@ -71,6 +71,12 @@ class PlantedNet(keras.Model):
                 - tf.reduce_mean(shifted, axis=-1, keepdims=True) ** 2
             )
             pooled = tf.concat([pooled, tf.sqrt(tf.maximum(var, 0.0) + 1.0)], axis=-1)
+        if self.bug == "segment_cancellation":  # a graph norm's variance as E[x^2] - E[x]^2
+            graph, n = inputs["node_graph"], inputs["num_graphs"]
+            shifted = h + 3000.0
+            mean = tf.math.unsorted_segment_mean(shifted, graph, n)
+            var = tf.math.unsorted_segment_mean(shifted**2, graph, n) - mean**2
+            pooled = tf.concat([pooled, tf.sqrt(tf.maximum(var, 0.0) + 1.0)], axis=-1)
         return {"predictions": self.head(pooled), **out}
 
     def call(self, inputs, training=False):
@@ -97,6 +103,7 @@ for _bug in (
     "unnormalized_attention",
     "batch_norm",
     "cancellation",
+    "segment_cancellation",
 ):
     register_variant(
         _planted(_bug),
