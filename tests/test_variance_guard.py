@@ -111,31 +111,54 @@ def test_an_eager_call_records_the_site_and_that_the_guard_changed_it():
             "v = tf.reduce_mean(tf.square(h - tf.reduce_mean(h, axis=0, keepdims=True)), "
             "axis=0, keepdims=True)",
         ),
+        # A graph norm's variance: each row less its own segment's mean, gathered back.
+        (
+            "var = tf.math.unsorted_segment_mean(tf.square(h), graph, n) "
+            "- tf.square(tf.math.unsorted_segment_mean(h, graph, n))",
+            "var = tf.math.unsorted_segment_mean(tf.square(h - tf.gather("
+            "tf.math.unsorted_segment_mean(h, graph, n), graph)), graph, n)",
+        ),
+        (
+            "var = ops.segment_sum(h ** 2, ids, n) / count "
+            "- (ops.segment_sum(h, ids, n) / count) ** 2",
+            "var = ops.segment_sum(ops.square(h - ops.take(ops.segment_sum(h, ids, n) / count, "
+            "ids, axis=0)), ids, n) / count",
+        ),
     ],
 )
 def test_the_fix_is_written_in_the_users_own_calls(before, after):
     assert rewrite_line(before, GUARD, "float32") == after
 
 
+def _pasted_back(source, text, call):
+    """The fix the doctor prints for the variance in ``text`` (a module written to
+    ``source``; ``call(namespace, x)`` calls it), the guarded values, and the values of
+    the module with the fix pasted in."""
+    source.write_text(text)
+    namespace: dict = {}
+    exec(compile(text, str(source), "exec"), namespace)
+    layer = Variance(lambda x: call(namespace, x))
+    guard_layer(layer, GUARD)
+    guarded, _ = _traced(layer, _features())
+    [fix] = code_fixes(sites(layer), "float32")
+    fixed = text.replace(fix.before, fix.after)
+    assert fixed != text
+    exec(compile(fixed, str(source), "exec"), namespace)
+    pasted, _ = _traced(Variance(lambda x: call(namespace, x)), _features())
+    return fix, guarded, pasted
+
+
 def test_the_printed_fix_runs_and_gives_the_guarded_variance(tmp_path):
     """The line the doctor prints, pasted into the user's function, computes what the
     guard computed."""
-    source = tmp_path / "moments.py"
-    source.write_text(
+    text = (
         "from keras import ops\n\n\ndef variance(x, axes):\n"
         "    mean = ops.stop_gradient(ops.mean(x, axes))\n"
         "    return ops.mean(ops.square(x), axes) - ops.square(mean)\n"
     )
-    namespace: dict = {}
-    exec(compile(source.read_text(), str(source), "exec"), namespace)
-    layer = Variance(lambda x: namespace["variance"](x, 0))
-    guard_layer(layer, GUARD)
-    guarded, _ = _traced(layer, _features())
-    [fix] = code_fixes(sites(layer), "float32")
-    fixed = source.read_text().replace(fix.before, fix.after)
-    assert fixed != source.read_text()
-    exec(compile(fixed, str(source), "exec"), namespace)
-    pasted, _ = _traced(Variance(lambda x: namespace["variance"](x, 0)), _features())
+    _, guarded, pasted = _pasted_back(
+        tmp_path / "moments.py", text, lambda n, x: n["variance"](x, 0)
+    )
     np.testing.assert_allclose(pasted, guarded, rtol=1e-6)
 
 
@@ -235,49 +258,17 @@ def test_a_segment_difference_that_is_no_variance_is_left_alone(fn):
     assert not sites(layer)
 
 
-@pytest.mark.parametrize(
-    ("before", "after"),
-    [
-        (
-            "var = tf.math.unsorted_segment_mean(tf.square(h), graph, n) "
-            "- tf.square(tf.math.unsorted_segment_mean(h, graph, n))",
-            "var = tf.math.unsorted_segment_mean(tf.square(h - tf.gather("
-            "tf.math.unsorted_segment_mean(h, graph, n), graph)), graph, n)",
-        ),
-        (
-            "var = ops.segment_sum(h ** 2, ids, n) / count "
-            "- (ops.segment_sum(h, ids, n) / count) ** 2",
-            "var = ops.segment_sum(ops.square(h - ops.take(ops.segment_sum(h, ids, n) / count, "
-            "ids, axis=0)), ids, n) / count",
-        ),
-    ],
-)
-def test_a_segment_variance_s_fix_centres_each_row_on_its_segment_s_mean(before, after):
-    assert rewrite_line(before, GUARD, "float32") == after
-
-
 def test_the_printed_segment_fix_runs_and_gives_the_guarded_variance(tmp_path):
-    source = tmp_path / "graph_norm.py"
-    source.write_text(
+    text = (
         "from keras import ops\n\n\ndef variance(h, graph, count):\n"
         "    mean = ops.segment_sum(h, graph, 4) / count\n"
         "    return ops.segment_sum(ops.square(h), graph, 4) / count - ops.square(mean)\n"
     )
-    namespace: dict = {}
-    exec(compile(source.read_text(), str(source), "exec"), namespace)
     ids = tf.constant(IDS)
-
-    def fn(h):
-        return namespace["variance"](h, ids, _count(ids))
-
-    layer = Variance(fn)
-    guard_layer(layer, GUARD)
-    guarded, _ = _traced(layer, _features())
-    [fix] = code_fixes(sites(layer), "float32")
+    fix, guarded, pasted = _pasted_back(
+        tmp_path / "graph_norm.py", text, lambda n, h: n["variance"](h, ids, _count(ids))
+    )
     assert "ops.take(mean, graph, axis=0)" in fix.after
-    fixed = source.read_text().replace(fix.before, fix.after)
-    exec(compile(fixed, str(source), "exec"), namespace)
-    pasted, _ = _traced(Variance(fn), _features())
     np.testing.assert_allclose(pasted, guarded, rtol=1e-6)
 
 
