@@ -61,11 +61,21 @@ def train_loss_on(threads: int) -> str:
 
 
 # A finding, not a guarantee of the harness (the next test is that): slow, to keep the
-# default run under 10 minutes.
+# default run under 10 minutes. It was measured on 2026-11-29 (a Zen 4); on an Intel Xeon
+# (6/207) with TensorFlow 2.21 one and two threads gave the same loss (batches of 32, 128
+# and 512), so where it does not reproduce the test says so as a skip, with the numbers.
 @pytest.mark.slow
 def test_xla_in_one_process_gives_other_numbers_on_one_thread_than_on_two():
     """Guards the test below: the thread count is what it pins."""
-    assert train_loss_on(1) != train_loss_on(2)
+    import tensorflow as tf
+
+    one, two = train_loss_on(1), train_loss_on(2)
+    if one == two:
+        pytest.skip(
+            f"the finding does not reproduce here (TensorFlow {tf.__version__}): XLA's "
+            f"train loss is {one} on 1 thread and on 2"
+        )
+    assert one != two
 
 
 def test_a_jit_case_gives_the_same_rows_with_one_worker_and_with_two(tmp_path):
