@@ -61,7 +61,7 @@ def train_loss_on(threads: int) -> str:
 
 
 # A finding, not a guarantee of the harness (the next test is that): slow, to keep the
-# default run under 10 minutes. It was measured on 2026-11-29 (a Zen 4); on an Intel Xeon
+# default run under 10 minutes. It was measured on 2026-11-29 (on that day's CPU); on an Intel Xeon
 # (6/207) with TensorFlow 2.21 one and two threads gave the same loss (batches of 32, 128
 # and 512), so where it does not reproduce the test says so as a skip, with the numbers.
 @pytest.mark.slow
