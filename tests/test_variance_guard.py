@@ -281,3 +281,22 @@ def test_an_eager_segment_variance_is_recognized_from_the_callback_s_record(spel
     layer(tf.constant(_features()))
     [site] = sites(layer)
     assert site.changed is True and site.file == __file__
+
+
+def test_an_empty_segment_keeps_the_user_s_div_no_nan():
+    """Five segments, the last empty (a graph with no nodes): divide_no_nan gives it a
+    variance of 0, and so must the guarded variance, not 0/0."""
+
+    def variance(x):
+        count = tf.math.unsorted_segment_sum(tf.ones_like(IDS, tf.float32), IDS, 5)[:, None]
+        mean = tf.math.divide_no_nan(tf.math.unsorted_segment_sum(x, IDS, 5), count)
+        squares = tf.math.divide_no_nan(tf.math.unsorted_segment_sum(x * x, IDS, 5), count)
+        return squares - tf.square(mean)
+
+    layer = Variance(variance)
+    guard_layer(layer, GUARD)
+    guarded, _ = _traced(layer, _features())
+    truth = _features().astype(np.float64).reshape(4, 16, 3).var(axis=1)
+    np.testing.assert_allclose(guarded.reshape(5, 3)[:4], truth, rtol=1e-4, atol=1e-6)
+    np.testing.assert_array_equal(guarded.reshape(5, 3)[4], 0.0)
+    assert [s.op_type for s in sites(layer)] == ["Sub"]

@@ -494,6 +494,9 @@ class _SegmentMean:
     reducer: str
     num_segments: Any = None
     count: Any = None
+    #: The division by the count as the user wrote it: ``DivNoNan`` gives an empty
+    #: segment (count 0) a mean of 0 where ``RealDiv`` gives NaN; the guard keeps it.
+    divide: str = "RealDiv"
 
     def of(self, values: Any) -> Any:
         """The same mean of ``values`` (rows as ``x``'s)."""
@@ -503,13 +506,16 @@ class _SegmentMean:
             summed = tf.math.segment_sum(values, self.ids)
         else:
             summed = tf.math.unsorted_segment_sum(values, self.ids, self.num_segments)
+        if self.divide == "DivNoNan":
+            return tf.math.divide_no_nan(summed, self.count)
         return summed / self.count
 
     def matches(self, other: _SegmentMean, made: Callable[[Any], Made | None]) -> bool:
         """Whether ``other`` is the same mean: the same reduction of the same ids into as
         many segments, divided by the same count (each ``unsorted_segment_mean`` counts
         its segments anew: the same ops on the same ids)."""
-        return self.reducer == other.reducer and all(
+        same_ops = (self.reducer, self.divide) == (other.reducer, other.divide)
+        return same_ops and all(
             _equivalent(a, b, made)
             for a, b in (
                 (self.ids, other.ids),
@@ -562,7 +568,9 @@ def _segment_mean_of(t: Any, made: Callable[[Any], Made | None]) -> _SegmentMean
     if summed is None or summed.type not in _SEGMENT_SUMS:
         return None
     segments = summed.inputs[2] if len(summed.inputs) > 2 else None
-    return _SegmentMean(summed.inputs[0], summed.inputs[1], summed.type, segments, op.inputs[1])
+    return _SegmentMean(
+        summed.inputs[0], summed.inputs[1], summed.type, segments, op.inputs[1], op.type
+    )
 
 
 def _segment_variance(left: Any, right: Any, made: Callable[[Any], Made | None]) -> Any | None:
