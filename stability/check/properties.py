@@ -23,9 +23,14 @@ import numpy as np
 import tensorflow as tf
 
 from stability.check.subject import Subject
-from stability.check.tolerance import agreement_tolerance, compute_dtype, depth_factor
+from stability.check.tolerance import (
+    agreement_tolerance,
+    compute_dtype,
+    depth_factor,
+    input_sensitivity,
+)
 from stability.core.invariants import INVARIANTS
-from stability.data.graphs import Graph
+from stability.data.graphs import Graph, GraphBatch
 
 #: A step failure's kind (``core.failures.Kind``) in the report's words.
 KIND_WORDS = {
@@ -157,21 +162,23 @@ def dtype_agreement(subject: Subject, graphs: Sequence[Graph]) -> Violation | No
     twin = subject.float64_twin()
     if twin is None:
         return None
+    batch = subject.batch(graphs)
+    wide = widened(batch)
     for training in (False, True):
         try:
-            low = subject.predict(subject.batch(graphs), training)
-            high = twin.predict(twin.batch(graphs), training)
+            low = subject.predict(batch, training)
+            high = twin.predict(wide, training)
             if training and subject.stochastic(graphs):
                 return None  # a random layer (dropout): two passes differ anyway
         except MODEL_ERRORS:
             return None
         if not np.all(np.isfinite(low)):
             return None  # a non-finite prediction is the step property's finding
-        found = _worst(
-            high,
-            low,
-            depth_factor(subject) * agreement_tolerance(compute_dtype(subject), low, high),
+        dtype = compute_dtype(subject)
+        bound = agreement_tolerance(dtype, low, high) + input_sensitivity(
+            twin, wide, dtype, training, high
         )
+        found = _worst(high, low, depth_factor(subject) * bound)
         if found is not None:
             index, deviation, allowed = found
             mode = " as the training step computes it" if training else ""
@@ -183,6 +190,20 @@ def dtype_agreement(subject: Subject, graphs: Sequence[Graph]) -> Violation | No
                 tolerance=allowed,
             )
     return None
+
+
+def widened(batch: GraphBatch) -> GraphBatch:
+    """``batch`` in float64 holding the very values the model was given: its features and
+    distances rounded to the model's dtype, then widened, which is exact. The float64 twin
+    then differs from the model in its arithmetic only, not in digits of the data that the
+    model's dtype cannot hold (a height of 1000.3 A is 1000.29999 in float32, and a
+    normalization of two such atoms amplifies that rounding of the input, in any model)."""
+    return replace(
+        batch,
+        nodes=batch.nodes.astype(np.float64),
+        edges=batch.edges.astype(np.float64),
+        targets=batch.targets.astype(np.float64),
+    )
 
 
 def attention_normalization(subject: Subject, graphs: Sequence[Graph]) -> Violation | None:
