@@ -134,6 +134,16 @@ def test_an_eager_call_records_the_site_and_that_the_guard_changed_it():
             "var = ops.segment_sum(ops.square(h - ops.take(ops.segment_sum(h, ids, n) / count, "
             "ids, axis=0)), ids, n) / count",
         ),
+        (
+            "v = ops.mean(h * h, 0) - ops.square(m)",
+            "v = ops.mean(ops.square(h - ops.mean(h, 0, keepdims=True)), 0)",
+        ),
+        # A left term that squares nothing it can name: the guard's expression, said so.
+        (
+            "v = tf.reduce_mean(tf.abs(h), 0) - tf.square(m)",
+            "v = mean(square(x - mean(x)))  # in place of tf.subtract(tf.reduce_mean("
+            "tf.abs(h), 0), tf.square(m))",
+        ),
     ],
 )
 def test_the_fix_is_written_in_the_users_own_calls(before, after):

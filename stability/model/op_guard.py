@@ -607,12 +607,12 @@ def _variance_centered_code(call: str, args: Sequence[str]) -> str:
     mean = ast.unparse(node.func)
     inner = node.args[0]
     ns = mean.rpartition(".")[0] or "tf"
-    if isinstance(inner, ast.Call) and inner.args:
-        square, x = ast.unparse(inner.func), ast.unparse(inner.args[0])
-    elif isinstance(inner, ast.BinOp) and isinstance(inner.op, (ast.Pow, ast.Mult)):
-        square, x = f"{ns}.square", ast.unparse(inner.left)
-    else:
+    root = _square_root_of(inner)
+    if root is None:
         return fallback
+    # The user's own square call where it is one; for ``x ** 2`` or ``x * x``, the namespace's.
+    square = _called(inner) if isinstance(inner, ast.Call) else f"{ns}.square"
+    x = ast.unparse(root)
     rest = [ast.unparse(a) for a in node.args[1:]]
     kept = [f"{k.arg}={ast.unparse(k.value)}" for k in node.keywords if k.arg != "keepdims"]
     keep = [f"{k.arg}={ast.unparse(k.value)}" for k in node.keywords if k.arg == "keepdims"]
