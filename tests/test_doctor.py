@@ -953,6 +953,36 @@ def test_a_fix_must_hold_on_the_pushed_data_too(tmp_path):
     ) in lines
 
 
+def test_a_failure_the_fix_does_not_treat_on_pushed_data_is_told_not_held_against_it():
+    """Data pushed far enough breaks any model somewhere: a failure of another cause at
+    another stage and layer leaves the fix a fix, and the report says what broke; the
+    failure the fix treats, come back at its own site or by its own cause, does not."""
+    run = planted_run({"clip": fine(1.0, 1.0, 1.0), "float64": fine(1.0, 1.0, 1.0)})
+    for name in ("clip", "float64"):
+        with_fresh(run, name, fine(1.0, 1.0))
+    elsewhere = Pushed(
+        True, "failed at epoch 1", stage="gradient", layer="dense", cause="gradient explosion"
+    )
+    [clip] = push_fixes(run, lambda case, folder: elsewhere)
+    assert clip.pushed.another and clip.verdict(run.finding) == FIXES
+    assert run.recommended() is clip
+    rows, lines = report(run)
+    assert rows["clip"]["pushed"] == (
+        "failed at epoch 1: another failure (gradient explosion in gradient at dense) than the "
+        f"one it fixes ({OVERFLOW} in forward at message_passing_0), not held against it"
+    )
+    assert "pushed by the hunt, until one held" in "\n".join(lines)
+    for same in (
+        replace(elsewhere, cause=OVERFLOW),  # its cause, elsewhere
+        replace(elsewhere, stage="forward", layer="message_passing_0"),  # its site
+    ):
+        clip.pushed = None
+        run.pushed.clear()
+        pushed = push_fixes(run, lambda case, folder, same=same: same)
+        assert not pushed[0].pushed.another
+        assert pushed[0].verdict(run.finding) == HOLDS_ON_THIS_DATA
+
+
 def test_when_every_pushed_fix_fails_the_report_says_none_held():
     run = planted_run({"float64": fine(1.0, 1.0, 1.0)})
     with_fresh(run, "float64", fine(1.0, 1.0))

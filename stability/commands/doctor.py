@@ -57,7 +57,8 @@ def add_doctor_parser(sub: argparse._SubParsersAction) -> None:
         default=PUSH_BUDGET,
         metavar="N",
         help="trainings the hunt may spend on each fix, moving the data toward the fix's "
-        "limits; a fix it breaks only 'holds on this data', and the next is pushed, until "
+        "limits; a fix whose failure comes back there only 'holds on this data', and the "
+        "next is pushed, until "
         f"one holds (default: {PUSH_BUDGET}; 0: do not push; the generated and synthetic "
         "data sets only)",
     )

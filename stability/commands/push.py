@@ -50,7 +50,15 @@ def hunt_push(budget: int = PUSH_BUDGET, plugins: Sequence[str] = ()) -> Push:
         if not found.found:
             return Pushed(False, f"held {_where(found)}")
         path, _ = write_hunt(found, folder, plugins, reproduce=False)
-        return Pushed(True, f"failed {_where(found)}", path)
+        r = found.best.result
+        return Pushed(
+            True,
+            f"failed {_where(found)}",
+            path,
+            stage=r.first_nan_where,
+            layer=r.first_nan_layer,
+            cause=r.failure_cause,
+        )
 
     return push
 

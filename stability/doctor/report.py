@@ -458,7 +458,7 @@ def _pushed_sentences(run: DoctorRun) -> list[str]:
     if not run.pushed:
         return []
     told = "; ".join(f"`{t.remedy.name}` {t.pushed.text}" for t in run.pushed)
-    held = any(t.pushed.tried and not t.pushed.failed for t in run.pushed)
+    held = any(t.pushed.tried and not t.pushed.breaks_fix for t in run.pushed)
     until = ", until one held" if held else ""
     lines = [f"The fixes, in the order recommended, were then pushed by the hunt{until}: {told}."]
     if not held and any(t.pushed.tried for t in run.pushed):

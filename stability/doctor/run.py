@@ -24,7 +24,9 @@ registered remedy (``stability.model.remedies``) and judge each by the written r
    fresh seeds, in the order they are recommended, are each pushed, until one holds: the
    command line passes the hunt (``stability.explore``; the doctor imports no other
    feature), which climbs the remedied variant's own margins toward its limits, moving the
-   data, for a few trainings. A fix it breaks ``holds on this data``; the next is pushed.
+   data, for a few trainings. A fix whose failure comes back there ``holds on this data``;
+   the next is pushed. A failure of another cause and site is told, not held against it
+   (``judged``).
 
 Each remedy's runs are an ordinary case in the doctor's folder (``<case>__<remedy>.csv`` and
 its store), so ``--resume``, ``--workers`` and Ray work as for ``run``.
@@ -305,7 +307,7 @@ class Trial:
             return found
         every = [*self.rows, *self.fresh.rows]
         if self._verdict(finding, every) == FIXES:
-            if self.pushed is not None and self.pushed.failed:
+            if self.pushed is not None and self.pushed.breaks_fix:
                 return HOLDS_ON_THIS_DATA
             return FIXES
         epochs = [failure_epoch(row) for row in every]
@@ -697,6 +699,18 @@ class Pushed:
     path: Path | None = None
     #: Whether the data could be pushed at all (a data set the push cannot move: False).
     tried: bool = True
+    #: Where the pushed run failed (``first_nan_where``, ``first_nan_layer``) and why
+    #: (``failure_cause``); None where it did not fail.
+    stage: str | None = None
+    layer: str | None = None
+    cause: str | None = None
+    #: Whether that failure is another than the one the fix treats (``judged``).
+    another: bool = False
+
+    @property
+    def breaks_fix(self) -> bool:
+        """Whether the pushed data brought back the failure the fix treats."""
+        return self.failed and not self.another
 
 
 #: ``push(case, folder)``: push the data of ``case`` (a fix's, one variant) toward the
@@ -708,11 +722,40 @@ def push_fixes(run: DoctorRun, push: Push) -> list[Trial]:
     """Push the fixes of ``run`` (``fixes``: those that held on the fresh seeds, the
     recommended first) one by one until one holds; the pushed trials, in order."""
     for trial in run.fixes():
-        trial.pushed = push(trial.case, trial.folder)
+        trial.pushed = judged(run.finding, push(trial.case, trial.folder))
         run.pushed.append(trial)
-        if trial.pushed.tried and not trial.pushed.failed:
+        if trial.pushed.tried and not trial.pushed.breaks_fix:
             break
     return run.pushed
+
+
+def judged(finding: Finding, pushed: Pushed) -> Pushed:
+    """``pushed``, marked ``another`` when its failure is not the one ``finding`` names:
+    another cause, at another stage or layer. A fix is a change for one failure; data pushed
+    far enough breaks any model somewhere (raw distances of 400 blow up the first dense
+    layer's gradients, whatever the softmax after it does), and a remedy that transforms the
+    distances is not pushed at all, so such a failure is reported, not held against the fix."""
+    if not pushed.failed or (pushed.cause is None and pushed.stage is None):
+        return pushed  # nothing says that the failure is another
+    first = finding.first or {}
+    original = (first.get("first_nan_where"), first.get("first_nan_layer"))
+    same_cause = pushed.cause is not None and pushed.cause == first.get("failure_cause")
+    if same_cause or (pushed.stage, pushed.layer) == original:
+        return pushed
+    was = _failure_words(first.get("failure_cause"), *original)
+    now = _failure_words(pushed.cause, pushed.stage, pushed.layer)
+    text = (
+        f"{pushed.text}: another failure ({now}) than the one it fixes ({was}), not held against it"
+    )
+    return replace(pushed, another=True, text=text)
+
+
+def _failure_words(cause: object, stage: object, layer: object) -> str:
+    """``cause`` in ``stage`` at ``layer``, each where known."""
+    parts = [str(cause or "no cause named")]
+    parts += [f"in {stage}"] if stage else []
+    parts += [f"at {layer}"] if layer else []
+    return " ".join(parts)
 
 
 #: ``train(trials, desc)``: ``train_trials`` with a doctor's sweep options bound, a run that
