@@ -174,11 +174,12 @@ def dtype_agreement(subject: Subject, graphs: Sequence[Graph]) -> Violation | No
             return None
         if not np.all(np.isfinite(low)):
             return None  # a non-finite prediction is the step property's finding
-        dtype = compute_dtype(subject)
-        bound = agreement_tolerance(dtype, low, high) + input_sensitivity(
-            twin, wide, dtype, training, high
-        )
-        found = _worst(high, low, depth_factor(subject) * bound)
+        dtype, depth = compute_dtype(subject), depth_factor(subject)
+        bound = agreement_tolerance(dtype, low, high)
+        found = _worst(high, low, depth * bound)
+        if found is not None:  # only then is the inputs' rounding worth its 4 predictions
+            sensitivity = input_sensitivity(twin, wide, dtype, training, high)
+            found = _worst(high, low, depth * (bound + sensitivity))
         if found is not None:
             index, deviation, allowed = found
             mode = " as the training step computes it" if training else ""
