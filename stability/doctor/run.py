@@ -732,9 +732,10 @@ def push_fixes(run: DoctorRun, push: Push) -> list[Trial]:
 def judged(finding: Finding, pushed: Pushed) -> Pushed:
     """``pushed``, marked ``another`` when its failure is not the one ``finding`` names:
     another cause, at another stage or layer. A fix is a change for one failure; data pushed
-    far enough breaks any model somewhere (raw distances of 400 blow up the first dense
-    layer's gradients, whatever the softmax after it does), and a remedy that transforms the
-    distances is not pushed at all, so such a failure is reported, not held against the fix."""
+    far enough breaks any model somewhere (raw distances of 400 make the gradients of the
+    dense layer that reads them explode, whatever the softmax after it does), and a remedy
+    that transforms the distances is not pushed at all, so such a failure is reported, not
+    held against the fix."""
     if not pushed.failed or (pushed.cause is None and pushed.stage is None):
         return pushed  # nothing says that the failure is another
     first = finding.first or {}
