@@ -86,8 +86,8 @@ def test_the_fast_variance_still_breaks_it_by_far(slab):
 
 
 def test_the_sensitivity_grows_with_the_roundings_of_a_longer_sum(slab):
-    """Zero spread: the twin's predictions move with the inputs' roundings, more with more
-    atoms (``sqrt(n) * u``); a move of nothing moves nothing."""
+    """Zero spread: the twin's predictions move with the inputs' float32 roundings, more
+    with more atoms (``sqrt(n) * u``); float64's own roundings move them by next to nothing."""
     build, dataset = slab
     twin = build("stock_batch_normalization").float64_twin()
     moves = []

@@ -164,6 +164,7 @@ def dtype_agreement(subject: Subject, graphs: Sequence[Graph]) -> Violation | No
         return None
     batch = subject.batch(graphs)
     wide = widened(batch)
+    dtype, depth = compute_dtype(subject), depth_factor(subject)
     for training in (False, True):
         try:
             low = subject.predict(batch, training)
@@ -174,7 +175,6 @@ def dtype_agreement(subject: Subject, graphs: Sequence[Graph]) -> Violation | No
             return None
         if not np.all(np.isfinite(low)):
             return None  # a non-finite prediction is the step property's finding
-        dtype, depth = compute_dtype(subject), depth_factor(subject)
         bound = agreement_tolerance(dtype, low, high)
         found = _worst(high, low, depth * bound)
         if found is not None:  # only then is the inputs' rounding worth its 4 predictions
@@ -185,7 +185,7 @@ def dtype_agreement(subject: Subject, graphs: Sequence[Graph]) -> Violation | No
             mode = " as the training step computes it" if training else ""
             return Violation(
                 f"prediction {index}{mode} is {low.ravel()[index]:.6g} in "
-                f"{compute_dtype(subject)} and {high.ravel()[index]:.6g} in float64 with the "
+                f"{dtype} and {high.ravel()[index]:.6g} in float64 with the "
                 "same weights",
                 deviation=deviation,
                 tolerance=allowed,
