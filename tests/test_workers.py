@@ -1,5 +1,7 @@
 """--workers: runs trained in worker processes give the rows of a serial run."""
 
+import multiprocessing
+
 import pandas as pd
 import pytest
 from conftest import TINY_CASE
@@ -12,7 +14,7 @@ from stability.model.recipe import BuildContext, Recipe
 from stability.model.variants import create_recipe, register_variant
 from stability.sweep.cases import parse_case
 from stability.sweep.runner import run_case
-from stability.sweep.workers import run_in_workers, variant_modules
+from stability.sweep.workers import kept_pools, run_in_workers, variant_modules
 
 # Two data sets and two variants, so that four runs share two workers and can finish out of
 # order, and each task must carry its own data set.
@@ -24,13 +26,26 @@ def untimed(results):
     return rows, [r.history_rows() for r in results]
 
 
+def children() -> set[int]:
+    return {process.pid for process in multiprocessing.active_children()}
+
+
 def test_two_workers_give_the_serial_rows_in_the_serial_order(tmp_path):
+    """Also in workers kept for a second sweep (``kept_pools``, a doctor's stages): the same
+    processes train it, to the same rows, and stop when the block ends."""
     case = parse_case(CASE, source="tiny")
     serial = run_case(case, tmp_path / "serial", progress=False)
-    parallel = run_case(case, tmp_path / "parallel", progress=False, workers=2)
+    others = children()
+    with kept_pools():
+        parallel = run_case(case, tmp_path / "parallel", progress=False, workers=2)
+        kept = children() - others
+        again = run_case(case, tmp_path / "again", progress=False, workers=2)
+        assert len(kept) == 2, "the two workers of the first sweep were not kept"
+        assert children() - others == kept, "the second sweep started other workers"
+    assert not kept & children(), "the kept workers outlived the block"
     assert len({r.dataset for r in serial}) == 2, "the case must train on two data sets"
     assert len(parallel) == 4
-    assert untimed(parallel) == untimed(serial)
+    assert untimed(parallel) == untimed(serial) == untimed(again)
     for name in ("tiny.csv", "tiny.history.csv"):
         frames = [pd.read_csv(tmp_path / way / name) for way in ("serial", "parallel")]
         kept = [f.drop(columns=[c for c in TIMING_FIELDS if c in f.columns]) for f in frames]

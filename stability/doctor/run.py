@@ -82,6 +82,7 @@ from stability.sweep.runner import (
     source_datasets,
 )
 from stability.sweep.store import RunStore
+from stability.sweep.workers import kept_pools
 from stability.train.probe import error_line
 from stability.train.run_summary import RowSettings, headroom_warning
 from stability.train.trainer import Trainer
@@ -852,14 +853,15 @@ def doctor(
     run = begin(case, variant, out, seeds)
     seeds_text = ", ".join(map(str, run.original.case.seeds))
     say(f"training {variant} on {case.name}: seeds {seeds_text}, {case.epochs} epochs")
-    train_trials([run.original], progress, resume, overwrite, workers, cluster, variant)
-    conclude(run, candidates)
-    if run.trials:
-        applicable = sum(t.case is not None for t in run.trials)
-        say(f"{run.finding.symptom}: rerunning {applicable} remedies for {run.budget} epochs")
-        train = tolerant(progress, resume, overwrite, workers, cluster)
-        train(run.trials, "remedies")
-        follow_through([run], train, say, push)
+    with kept_pools():  # one start of the workers for every stage
+        train_trials([run.original], progress, resume, overwrite, workers, cluster, variant)
+        conclude(run, candidates)
+        if run.trials:
+            applicable = sum(t.case is not None for t in run.trials)
+            say(f"{run.finding.symptom}: rerunning {applicable} remedies for {run.budget} epochs")
+            train = tolerant(progress, resume, overwrite, workers, cluster)
+            train(run.trials, "remedies")
+            follow_through([run], train, say, push)
     return run
 
 
@@ -877,12 +879,13 @@ def doctor_many(
     say = on_stage or (lambda text: None)
     runs = [begin(case, variant, out) for case, variant, out in requests]
     say(f"training {len(runs)} bugs")
-    train_trials([r.original for r in runs], progress, resume, overwrite, workers, None, "bugs")
-    for run in runs:
-        conclude(run)
-    trials = [t for r in runs for t in r.trials]
-    say(f"rerunning {sum(t.case is not None for t in trials)} remedies")
-    train = tolerant(progress, resume, overwrite, workers, None)
-    train(trials, "remedies")
-    follow_through(runs, train, say, push)
+    with kept_pools():  # one start of the workers for every stage
+        train_trials([r.original for r in runs], progress, resume, overwrite, workers, None, "bugs")
+        for run in runs:
+            conclude(run)
+        trials = [t for r in runs for t in r.trials]
+        say(f"rerunning {sum(t.case is not None for t in trials)} remedies")
+        train = tolerant(progress, resume, overwrite, workers, None)
+        train(trials, "remedies")
+        follow_through(runs, train, say, push)
     return runs

@@ -20,12 +20,14 @@ own kernels shard their sums by it, deterministic ops or not (``tests/test_threa
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import multiprocessing
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures.process import BrokenProcessPool
 from typing import TYPE_CHECKING
 
 from tqdm.auto import tqdm
@@ -134,15 +136,9 @@ def run_in_workers(
         raise StabilityError(f"--workers {workers} must be at least 1")
     intra, inter = intra_threads, 1
     modules = variant_modules([variant for _, variant, _ in configs])
-    context = multiprocessing.get_context("spawn")
     finished: dict[int, RunResult] = {}
     bar = Progress(len(configs), desc, progress)
-    with ProcessPoolExecutor(
-        max_workers=workers,
-        mp_context=context,
-        initializer=start_worker,
-        initargs=(intra, inter, modules, list(sys.path)),
-    ) as pool:
+    with _pool(workers, intra, inter, modules) as pool:
         # Each task carries its data set: a few MB pickled, against seconds of training.
         futures = {pool.submit(train_run, *run): index for index, run in enumerate(configs)}
         try:
@@ -150,6 +146,8 @@ def run_in_workers(
                 try:
                     result = future.result()
                 except Exception as exc:
+                    if isinstance(exc, BrokenProcessPool):
+                        pool.broken = True  # a worker died: the pool takes no more runs
                     if on_error is None:
                         raise
                     on_error(futures[future], exc)
@@ -165,3 +163,63 @@ def run_in_workers(
         finally:
             bar.close()
     return in_serial_order(finished, len(configs))
+
+
+class _Pool(ProcessPoolExecutor):
+    """A process pool that knows whether a worker died under it (then it takes no runs)."""
+
+    broken = False
+
+
+#: The pools kept for the next sweep inside ``kept_pools``, by (workers, threads, modules).
+_KEPT: dict[tuple, _Pool] | None = None
+
+
+@contextlib.contextmanager
+def kept_pools() -> Iterator[None]:
+    """Inside the block, a sweep's worker processes stay up for the next sweep of the same
+    workers, threads and variant modules (a doctor's stages: each would start its workers
+    again, TensorFlow's import and all); they stop when the block ends. A worker keeps
+    nothing from one run to the next that a run reads: each seeds everything and builds
+    its own model."""
+    global _KEPT
+    if _KEPT is not None:  # nested: the outer block keeps them
+        yield
+        return
+    _KEPT = {}
+    try:
+        yield
+    finally:
+        kept, _KEPT = _KEPT, None
+        for pool in kept.values():
+            pool.shutdown(cancel_futures=True)
+
+
+@contextlib.contextmanager
+def _pool(workers: int, intra: int, inter: int, modules: list[str]) -> Iterator[_Pool]:
+    """A pool of ``workers`` spawned processes on ``intra`` x ``inter`` threads that import
+    ``modules``: kept for the next sweep inside ``kept_pools`` (dropped when a sweep
+    fails), else stopped after this one."""
+    key = (workers, intra, inter, tuple(modules), tuple(sys.path))
+    pool = (_KEPT or {}).get(key) or _Pool(
+        max_workers=workers,
+        mp_context=multiprocessing.get_context("spawn"),
+        initializer=start_worker,
+        initargs=(intra, inter, modules, list(sys.path)),
+    )
+    if _KEPT is None:
+        with pool:
+            yield pool
+        return
+    for other in [k for k in _KEPT if k != key]:  # one pool kept at most: each holds memory
+        _KEPT.pop(other).shutdown(cancel_futures=True)
+    _KEPT.pop(key, None)  # out while in use: a failed sweep does not give it back
+    try:
+        yield pool
+    except BaseException:
+        pool.shutdown(cancel_futures=True)
+        raise
+    if pool.broken:
+        pool.shutdown(cancel_futures=True)
+    else:
+        _KEPT[key] = pool
