@@ -27,7 +27,7 @@ from stability.data.padding import budget_for, pad_batch
 from stability.model.variants import get_variant
 from stability.train.config import TrainConfig
 from stability.train.guard import StepReport
-from stability.train.step import input_signature, make_train_step
+from stability.train.step import fed, input_signature, make_train_step
 from stability.train.trainer import Trainer
 
 ROOT = Path(__file__).parent.parent
@@ -121,6 +121,37 @@ def test_trainer_against_fit(data):
         record_samples(FIT, name, seconds, len(batches))
     ratio = np.median(measured["fit"]) / np.median(measured["trainer"])
     check_goal(FIT, "fit / trainer", ratio, ">=", 1.0)
+
+
+# --- the step's call ------------------------------------------------------------------------
+
+FED = "The step called through its concrete function"
+NOTES[FED] = (
+    "The seed's model (`raw_e`, hidden 32) on one epoch of the seed case's data set (57 "
+    "batches of 32, numpy batches as the trainer builds them, flags and statistics read back "
+    "every step). *tf.function*: the compiled step called with the numpy batch, so that "
+    "`tf.function` binds every input to its signature on each call. *fed*: the same "
+    "step's one concrete function, each input converted to its spec's dtype first "
+    "(`stability.train.step.fed`, what `Trainer.run` calls). Both run the same graph: the "
+    "rows are the same (`tests/test_retrace.py`). 30 rounds, the ways taking turns. "
+    "Goal: fed / tf.function <= 0.95."
+)
+
+
+def test_the_step_called_through_its_concrete_function(data):
+    batches = epoch_batches(data)
+    _, step = build(data)
+    signature = input_signature(data.num_features, "float32")
+    ways = {
+        "tf.function": (trainer_epoch, (step, batches)),
+        "fed": (trainer_epoch, (fed(step, signature), batches)),
+    }
+    interleave(ways, rounds=1)  # the trace, outside the timed rounds
+    measured = interleave(ways, rounds=30)
+    for name, seconds in measured.items():
+        record_samples(FED, name, seconds, len(batches))
+    ratio = np.median(measured["fed"]) / np.median(measured["tf.function"])
+    check_goal(FED, "fed / tf.function", ratio, "<=", 0.95)
 
 
 # --- XLA ----------------------------------------------------------------------------------

@@ -132,6 +132,24 @@ def apply_update(optimizer: keras.optimizers.Optimizer, gradients: list, weights
         context.merge_call(lambda _strategy: optimizer.apply(gradients, weights))
 
 
+def fed(function: Any, signature: tuple[Any, ...]) -> Callable[..., Any]:
+    """``function`` (a ``tf.function`` with the input ``signature``) called through its one
+    concrete function, each argument converted to its spec's dtype first: the same graph,
+    the same arithmetic, without ``tf.function``'s per-call binding of NumPy inputs to the
+    signature (a type lookup and a cast per input, each call: its share of a step is
+    measured in reports/bench.md, "The step called through its concrete function")."""
+    concrete = function.get_concrete_function()
+
+    def call(*args: Any) -> Any:
+        return concrete(*tf.nest.map_structure(_tensor, signature[: len(args)], args))
+
+    return call
+
+
+def _tensor(spec: tf.TensorSpec, value: Any) -> tf.Tensor:
+    return tf.convert_to_tensor(value, dtype=spec.dtype)
+
+
 def make_predict(model: keras.Model, signature: tuple[Any, Any]) -> Callable[..., tf.Tensor]:
     """Validation's compiled forward pass (``training=False``): predictions and ``[1]`` bool,
     whether the forward tensors are finite and the attention is normalized."""

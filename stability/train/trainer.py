@@ -34,7 +34,7 @@ from stability.train.diagnosis import Diagnosis, EpochStart, Rewind
 from stability.train.guard import StepReport
 from stability.train.probe import probe
 from stability.train.run_summary import finish, summarize_epoch
-from stability.train.step import input_signature, make_predict, make_train_step
+from stability.train.step import fed, input_signature, make_predict, make_train_step
 from stability.train.threads import LAYOUT, current, layout_name, require
 
 
@@ -94,8 +94,11 @@ class Trainer:
         step_signature = input_signature(data.num_features, dtype, padded=cfg.jit_compile)
         # The first failing step is always guarded, so the weights from before it survive
         # for the replay; with stop_at_nan=False the run then goes on unguarded.
-        step = make_train_step(recipe, step_signature, guard=True, jit_compile=cfg.jit_compile)
-        predict = make_predict(recipe.model, signature)
+        step = fed(
+            make_train_step(recipe, step_signature, guard=True, jit_compile=cfg.jit_compile),
+            step_signature,
+        )
+        predict = fed(make_predict(recipe.model, signature), signature[:1])
         val_batch = batch_graphs(data.val, dtype=dtype)
         result = new_result(self.variant.name, data, cfg)
         # Train on a standardized target; MAE is reported back in the target's own units.
@@ -125,8 +128,11 @@ class Trainer:
                     diagnosis.step_failure(result, report, epoch, steps, (batch, ready), rewind)
                     if not cfg.stop_at_nan:
                         # Apply the failing update as an unguarded loop would, and go on so.
-                        step = make_train_step(
-                            recipe, step_signature, guard=False, jit_compile=cfg.jit_compile
+                        step = fed(
+                            make_train_step(
+                                recipe, step_signature, guard=False, jit_compile=cfg.jit_compile
+                            ),
+                            step_signature,
                         )
                         report = StepReport.of(step(ready.as_inputs(), ready.targets).numpy())
                 epoch_stats.append(report.stats)
