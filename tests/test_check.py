@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import io
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -80,14 +78,38 @@ PLANTED_BUGS = [
 ]
 
 
+@pytest.fixture(scope="module")
+def checked(case):
+    """``checked(variant, *props)``: the rows of ``check_variant(case, variant, examples=
+    EXAMPLES, properties=props)``, checked once per module: the clean model, the reference
+    of five planted bugs, is built and checked once for all five properties, and
+    ``planted_first_edge``'s rows are the first of the determinism test's two checks."""
+    done: dict[tuple[str, ...], list] = {}
+
+    def rows(variant: str, *props: str) -> list:
+        if (variant, *props) not in done:
+            done[variant, *props] = check_variant(
+                case, variant, examples=EXAMPLES, properties=list(props)
+            )
+        return done[variant, *props]
+
+    return rows
+
+
+#: The properties the clean model is the reference of (it exposes no attention).
+CLEAN_PROPERTIES = [p for _, p, _ in PLANTED_BUGS if p != "attention_normalization"]
+
+
 @pytest.mark.parametrize(("variant", "prop", "settings"), PLANTED_BUGS)
 def test_a_planted_bug_breaks_its_property_and_the_clean_model_does_not(
-    case, variant, prop, settings
+    checked, variant, prop, settings
 ):
-    broken = check_variant(case, variant, examples=EXAMPLES, properties=[prop])
+    broken = checked(variant, prop)
     # The clean model exposes no attention: the built-in stable softmax is the reference.
-    reference = "stable_softmax" if prop == "attention_normalization" else "planted_clean"
-    clean = check_variant(case, reference, examples=EXAMPLES, properties=[prop])
+    if prop == "attention_normalization":
+        clean = checked("stable_softmax", prop)
+    else:
+        clean = checked("planted_clean", *CLEAN_PROPERTIES)
     for setting in settings:
         assert verdicts(broken)[(prop, setting)] == FAIL, broken
         assert verdicts(clean)[(prop, setting)] == PASS, clean
@@ -97,8 +119,19 @@ def test_a_planted_bug_breaks_its_property_and_the_clean_model_does_not(
         assert all(r.deviation > r.tolerance for r in failing)
 
 
-def test_a_step_failure_is_named_as_training_names_it(case, tmp_path):
-    rows = check_variant(case, "planted_exp_overflow", tmp_path, EXAMPLES, properties=["step"])
+@pytest.fixture(scope="module")
+def exp_overflow_rows(case, tmp_path_factory):
+    """``planted_exp_overflow``'s step in both settings, its failing batches written as
+    cases naming the planted plugin: named by one test, run and checked again by another."""
+    out = tmp_path_factory.mktemp("exp_overflow")
+    return check_variant(
+        case, "planted_exp_overflow", out, EXAMPLES, properties=["step"], plugins=[str(PLANTED)]
+    )
+
+
+def test_a_step_failure_is_named_as_training_names_it(exp_overflow_rows):
+    rows = exp_overflow_rows
+    assert [r.setting for r in rows] == [OWN_DATA, GENERATED]
     for row in rows:
         assert row.status == FAIL
         assert (row.stage, row.cause) == ("forward", "forward overflow"), row
@@ -108,16 +141,9 @@ def test_a_step_failure_is_named_as_training_names_it(case, tmp_path):
     assert (generated.graphs, generated.nodes) == (1, 2)
 
 
-def test_a_counterexample_is_a_case_that_run_and_check_fail_again(case, tmp_path):
-    (row,) = check_variant(
-        case,
-        "planted_exp_overflow",
-        tmp_path,
-        EXAMPLES,
-        settings_=[GENERATED],
-        properties=["step"],
-        plugins=[str(PLANTED)],
-    )
+def test_a_counterexample_is_a_case_that_run_and_check_fail_again(exp_overflow_rows, tmp_path):
+    (row,) = [r for r in exp_overflow_rows if r.setting == GENERATED]
+    assert row.counterexample
     written = load_case(row.counterexample)
     (again,) = check_variant(
         written, "planted_exp_overflow", settings_=[OWN_DATA], properties=["step"]
@@ -150,8 +176,8 @@ def test_an_invariant_left_out_is_not_declared_and_not_checked(tmp_path):
     assert {r.property for r in rows} == set(PROPERTIES)
 
 
-def test_the_check_is_deterministic(case):
-    first = check_variant(case, "planted_first_edge", examples=EXAMPLES, properties=["edge_order"])
+def test_the_check_is_deterministic(case, checked):
+    first = checked("planted_first_edge", "edge_order")  # maybe checked by an earlier test
     again = check_variant(case, "planted_first_edge", examples=EXAMPLES, properties=["edge_order"])
     strip = [{**r.as_dict(), "seconds": 0} for r in first]
     assert strip == [{**r.as_dict(), "seconds": 0} for r in again]
@@ -193,15 +219,6 @@ def check_args(
         "--out",
         str(out),
     ]
-
-
-def cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "stability", "check", *args],
-        capture_output=True,
-        text=True,
-        cwd=cwd,
-    )
 
 
 @pytest.mark.parametrize(
@@ -263,13 +280,17 @@ def test_the_fixture_fails_a_test_with_the_counterexample(stability_check, tmp_p
 
 
 def test_workers_give_the_rows_of_one_process(case, tmp_path):
-    """Two worker processes check the variants and write the rows one process gives."""
+    """Two worker processes check the variants and write the rows one process gives. The
+    command runs in this process (``run_cli``): the two workers it spawns are real
+    processes all the same, and a process of its own for the command would only start
+    TensorFlow once more."""
     import pandas as pd
 
     path = planted_case(tmp_path)
     variants = ["planted_first_edge", "planted_batch_norm"]
     properties = ["edge_order", "batch_independence"]
-    done = cli(*check_args(path, variants, properties, tmp_path / "out", workers=2), cwd=tmp_path)
+    args = check_args(path, variants, properties, tmp_path / "out", workers=2)
+    done = run_cli("check", *args, cwd=tmp_path)
     assert done.returncode == 1, done.stderr
     written = pd.read_csv(tmp_path / "out" / "planted.check.csv")
     here = load_case(path)
@@ -290,14 +311,27 @@ def test_workers_give_the_rows_of_one_process(case, tmp_path):
     )
 
 
-def test_trained_checks_the_weights_the_first_run_ends_with(case):
-    from stability.check.run import _subject, first_config
+def test_trained_checks_the_weights_the_first_run_ends_with(case, monkeypatch):
+    """The check with ``trained`` checks the weights its own training ended with: recorded
+    as ``check_variant`` builds its subject (one training, not a second one alongside), and
+    compared with the weights as built."""
+    from stability.check import run
     from stability.sweep.runner import case_datasets
 
-    data, config = case_datasets(case)[0], first_config(case, "planted_clean")
-    built = _subject("planted_clean", data, config, trained=False).recipe.model.get_weights()
-    trained = _subject("planted_clean", data, config, trained=True).recipe.model.get_weights()
-    assert len(built) == len(trained)
-    assert any(not np.array_equal(b, t) for b, t in zip(built, trained, strict=True))
+    subject_of = run._subject
+    checked: list[tuple[bool, list]] = []
+
+    def recorded(variant, dataset, config, trained):
+        subject = subject_of(variant, dataset, config, trained)
+        checked.append((trained, subject.recipe.model.get_weights()))
+        return subject
+
+    monkeypatch.setattr(run, "_subject", recorded)
     rows = check_variant(case, "planted_clean", examples=5, properties=["step"], trained=True)
     assert {r.status for r in rows} == {PASS}
+    ((was_trained, trained),) = checked
+    assert was_trained
+    data, config = case_datasets(case)[0], run.first_config(case, "planted_clean")
+    built = subject_of("planted_clean", data, config, trained=False).recipe.model.get_weights()
+    assert len(built) == len(trained)
+    assert any(not np.array_equal(b, t) for b, t in zip(built, trained, strict=True))

@@ -1,6 +1,8 @@
 """Real processes: a sweep killed with SIGKILL (serial, and under --workers 2) and resumed,
 and two sweeps writing into one folder at once, end with the rows of one uninterrupted
-sweep (timing columns aside)."""
+sweep (timing columns aside). The killed sweep is a process of its own; the resume is the
+same command line run in this process (``conftest.run_cli``), which saves a TensorFlow
+start and trains on the same 1 x 1 layout (tests/conftest.py pins it)."""
 
 import os
 import re
@@ -13,7 +15,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from conftest import TINY_CASE
+from conftest import TINY_CASE, run_cli
 
 from stability.core.files import LOCK_NAME
 from stability.core.results import RESULT_FIELDS, TIMING_FIELDS
@@ -108,7 +110,9 @@ def test_sweep_killed_partway_then_resumed_matches_an_uninterrupted_one(tmp_path
     out = tmp_path / "out"
     kill_after_first_row(start(case_file, out, "--no-progress", *flags), out, 4)
 
-    finish(start(case_file, out, "--no-progress", "--resume", *flags))
+    args = ("run", str(case_file), "--out", str(out), "--no-progress", "--resume", *flags)
+    resumed = run_cli(*args, cwd=case_file.parent)
+    assert resumed.returncode == 0, resumed.stderr
     rows, history = reference
     pd.testing.assert_frame_equal(untimed(out / "tiny.csv"), rows)
     pd.testing.assert_frame_equal(pd.read_csv(out / "tiny.history.csv"), history)
@@ -117,15 +121,27 @@ def test_sweep_killed_partway_then_resumed_matches_an_uninterrupted_one(tmp_path
 
 
 def test_two_sweeps_into_one_folder_at_once(tmp_path, reference):
+    """Two processes: seed 0 is a process of its own; seed 1 is this process, started once
+    the other has opened the store, so that both train and write while the other does
+    (not one after the other: this process needs no TensorFlow start)."""
     out = tmp_path / "out"
-    processes = []
+    parts = []
     for seed in (0, 1):  # the same case split in two, written into the same files
         case_file = tmp_path / f"part{seed}" / "tiny.toml"
         case_file.parent.mkdir()
         case_file.write_text(TINY_CASE.replace("seeds = [0]", f"seeds = [{seed}]"))
-        processes.append(start(case_file, out, "--no-progress", "--resume"))
-    for process in processes:
-        finish(process)
+        parts.append(case_file)
+    other = start(parts[0], out, "--no-progress", "--resume")
+    deadline = time.monotonic() + 240
+    while not store_path(out, "tiny").exists():
+        assert other.poll() is None, other.communicate()[1]
+        assert time.monotonic() < deadline, "the other sweep opened no store"
+        time.sleep(0.02)
+    assert durable_rows(out) < 2, "the other sweep must still be training when this one starts"
+    args = ("run", str(parts[1]), "--out", str(out), "--no-progress", "--resume")
+    here = run_cli(*args, cwd=parts[1].parent)
+    assert here.returncode == 0, here.stderr
+    finish(other)
     rows, history = reference
     assert tuple(pd.read_csv(out / "tiny.csv").columns) == RESULT_FIELDS
     pd.testing.assert_frame_equal(untimed(out / "tiny.csv"), rows)

@@ -1,6 +1,9 @@
 """NanSentinel in every Keras setup: steps_per_execution, XLA, reuse, its stop line and
 raise_error, and the attention invariant of a model that exposes its attention."""
 
+import contextlib
+import io
+
 import keras
 import numpy as np
 import pytest
@@ -14,13 +17,17 @@ BAD_BATCH = 7
 BATCH = 32
 
 
-@pytest.fixture
-def late_data():
-    """Healthy inputs except batch ``BAD_BATCH``, whose inputs make exp(50 x) overflow."""
+def _late_data():
     keras.utils.set_random_seed(0)
     x = np.random.default_rng(0).normal(scale=0.01, size=(12 * BATCH, 4)).astype("float32")
     x[BAD_BATCH * BATCH : (BAD_BATCH + 1) * BATCH] = 100.0
     return x, x.sum(axis=1, keepdims=True)
+
+
+@pytest.fixture
+def late_data():
+    """Healthy inputs except batch ``BAD_BATCH``, whose inputs make exp(50 x) overflow."""
+    return _late_data()
 
 
 def fit(model, data, sentinel, **options):
@@ -41,17 +48,43 @@ def planted_model(jit_compile="auto", steps_per_execution=1):
     return model
 
 
+@pytest.fixture(scope="module")
+def default_fit():
+    """One fit of a fresh planted model (default compile) with a default ``NanSentinel``, as
+    ``late_data`` seeds it: the model, the sentinel's result, the fit's history, what it
+    printed, and whether the weights were finite after it. Three tests read this one fit
+    (they each fitted it the same way): the step count at ``steps_per_execution=1``, the
+    printed line, and a second sentinel's fit of the model the first one watched."""
+    data = _late_data()
+    model, sentinel = planted_model(), NanSentinel()
+    with contextlib.redirect_stdout(io.StringIO()) as out:
+        history = fit(model, data, sentinel)
+    return {
+        "model": model,
+        "data": data,
+        "result": dict(sentinel.result),
+        "losses": list(history.history["loss"]),
+        "printed": out.getvalue(),
+        "finite": all_weights_finite(model),
+    }
+
+
 @pytest.mark.parametrize("steps_per_execution", [1, 5])
-def test_first_failing_step_is_counted_in_optimizer_steps(late_data, steps_per_execution):
-    model = planted_model(steps_per_execution=steps_per_execution)
-    sentinel = NanSentinel()
-    history = fit(model, late_data, sentinel)
-    result = sentinel.result
+def test_first_failing_step_is_counted_in_optimizer_steps(request, steps_per_execution):
+    if steps_per_execution == 1:  # the default compile: the shared fit
+        done = request.getfixturevalue("default_fit")
+        result, losses, finite = done["result"], done["losses"], done["finite"]
+    else:
+        model = planted_model(steps_per_execution=steps_per_execution)
+        sentinel = NanSentinel()
+        history = fit(model, request.getfixturevalue("late_data"), sentinel)
+        result, losses = sentinel.result, history.history["loss"]
+        finite = all_weights_finite(model)
     assert (result["first_nan_epoch"], result["first_nan_step"]) == (1, BAD_BATCH + 1)
     assert (result["first_nan_where"], result["first_nan_layer"]) == ("forward", "planted_exp")
     assert result["first_nan_op"].startswith("Exp ")
-    assert len(history.history["loss"]) == 1
-    assert all_weights_finite(model), "no update after the failing step may be applied"
+    assert len(losses) == 1
+    assert finite, "no update after the failing step may be applied"
 
 
 @pytest.mark.parametrize("jit_compile", [True, "auto"])
@@ -76,18 +109,18 @@ def test_one_sentinel_is_reusable_across_fit_calls_and_models(late_data):
         assert sentinel.result["first_nan_layer"] == "planted_exp"
 
 
-def test_a_second_sentinel_on_the_same_model_is_not_blind(late_data):
-    model = planted_model()
-    first, second = NanSentinel(), NanSentinel()
-    fit(model, late_data, first)
-    fit(model, late_data, second)
+def test_a_second_sentinel_on_the_same_model_is_not_blind(default_fit):
+    # The first sentinel's fit is the shared one; this is the only test that fits its model
+    # again (the others read what the fixture recorded when it fitted).
+    model, second = default_fit["model"], NanSentinel()
+    assert default_fit["result"]["first_nan_step"] == BAD_BATCH + 1, "the first one saw it"
+    fit(model, default_fit["data"], second)
     assert second.result["first_nan_step"] == BAD_BATCH + 1
     assert second.result["first_nan_where"] == "forward"
 
 
-def test_it_prints_one_line_when_it_stops(late_data, capsys):
-    fit(planted_model(), late_data, NanSentinel())
-    lines = capsys.readouterr().out.strip().splitlines()
+def test_it_prints_one_line_when_it_stops(default_fit):
+    lines = default_fit["printed"].strip().splitlines()
     assert len(lines) == 1, lines
     assert lines[0].startswith(
         f"NanSentinel: epoch 1, step {BAD_BATCH + 1}: nonfinite (forward overflow) at forward"

@@ -97,12 +97,43 @@ def sentinel_fit(strategy: Any, plant: str) -> dict[str, Any]:
     }
 
 
-def _fit(plant: str) -> list[dict[str, Any]]:
-    return run_workers("test_sentinel_multiworker:sentinel_fit", {"plant": plant})
+def sentinel_fits(strategy: Any, plants: list[str]) -> dict[str, dict[str, Any]]:
+    """A worker: ``sentinel_fit`` for each of ``plants`` in turn, each a new model and a new
+    ``NanSentinel`` under the one strategy (a worker process can make only one: its
+    collectives are configured at program startup)."""
+    return {plant: sentinel_fit(strategy, plant) for plant in plants}
 
 
-def test_a_healthy_multiworker_fit_raises_no_alarm():
-    for worker in _fit("none"):
+#: The plant each test fits, by test name (the parametrized test names its own).
+_PLANT_OF = {
+    "test_a_healthy_multiworker_fit_raises_no_alarm": "none",
+    "test_an_update_failure_is_named_by_the_weight_it_left_non_finite": "optimizer",
+}
+
+
+def _plant_of(item: pytest.Item) -> str | None:
+    callspec = getattr(item, "callspec", None)
+    if callspec is not None and "plant" in callspec.params:
+        return callspec.params["plant"]
+    return _PLANT_OF.get(getattr(item, "originalname", item.name))
+
+
+@pytest.fixture(scope="module")
+def fits(request: pytest.FixtureRequest) -> dict[str, list[dict[str, Any]]]:
+    """Every selected test's fit, from one pair of workers (a pair costs a TensorFlow import
+    in each, most of its time): per plant, each worker's result, worker 0's first. The
+    healthy fit comes first, so that no failure before it can explain its result."""
+    here = request.module.__name__
+    wanted = {_plant_of(item) for item in request.session.items if item.module.__name__ == here}
+    plants = sorted(wanted - {None}, key=lambda plant: (plant != "none", plant))
+    results = run_workers(
+        "test_sentinel_multiworker:sentinel_fits", {"plants": plants}, timeout=300
+    )
+    return {plant: [worker[plant] for worker in results] for plant in plants}
+
+
+def test_a_healthy_multiworker_fit_raises_no_alarm(fits):
+    for worker in fits["none"]:
         assert worker["result"]["first_nan_step"] is None, worker
         assert worker["finite"] and all(np.isfinite(worker["loss"]))
         assert worker["steps"] == 2 * EXAMPLES // GLOBAL_BATCH
@@ -133,9 +164,9 @@ def _same_failure_on_both(results: list[dict[str, Any]], step: int, stage: str) 
     ],
 )
 def test_a_failure_in_one_workers_replica_is_reported_once_with_its_replica(
-    plant, stage, layer, op, cause
+    fits, plant, stage, layer, op, cause
 ):
-    results = _fit(plant)
+    results = fits[plant]
     found = _same_failure_on_both(results, BAD_BATCH + 1, stage)
     assert found[0]["replica"] == 1, "the fault is in worker 1's half of the batch"
     assert all(worker["finite"] for worker in results), "the failing update is held back"
@@ -148,11 +179,11 @@ def test_a_failure_in_one_workers_replica_is_reported_once_with_its_replica(
     assert found[0]["first_nan_op"].startswith("not named")
 
 
-def test_an_update_failure_is_named_by_the_weight_it_left_non_finite():
+def test_an_update_failure_is_named_by_the_weight_it_left_non_finite(fits):
     """Adam's 0/0 writes NaN into every replica's copy of the weight (the update is applied
     everywhere after the all-reduce), so every replica's after-update check fails: the first
     replica is reported, on both workers, with the weight's layer."""
-    found = _same_failure_on_both(_fit("optimizer"), 1, "weights")
+    found = _same_failure_on_both(fits["optimizer"], 1, "weights")
     for result in found:
         assert result["replica"] == 0
         assert result["first_nan_layer"].endswith("dense_in"), result

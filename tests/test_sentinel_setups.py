@@ -118,7 +118,7 @@ COMPARED = (
 #: The fields that say whether and where a run failed (a twin's are all None).
 FIRST_NAN = COMPARED[:-2]
 
-#: How long the strategy's process may train its six cells.
+#: How long the strategy's process may train its cells (six when all are selected).
 MIRRORED_TIMEOUT = 600.0
 #: The line prefix under which ``mirrored_main`` prints its answers.
 ANSWERS = "SENTINEL_SETUPS_ANSWERS "
@@ -454,8 +454,9 @@ def cell_key(failure: str, planted: bool) -> str:
     return f"{failure}-{'planted' if planted else 'twin'}"
 
 
-def mirrored_main() -> None:
-    """In a fresh process: 2 logical CPU devices, then every strategy cell in one
+def mirrored_main(keys: list[str] | None = None) -> None:
+    """In a fresh process: 2 logical CPU devices, then the strategy cells named by ``keys``
+    (``cell_key``; all of them when None), in ``MIRRORED_CELLS``' order, in one
     ``MirroredStrategy``. (A second strategy in the process fails its first all-reduce
     after a model of another size trained under the first, with or without the sentinel:
     "Shape mismatch in the collective instance ... expected shape [149] but another member
@@ -471,6 +472,8 @@ def mirrored_main() -> None:
     strategy = tf.distribute.MirroredStrategy([f"/cpu:{i}" for i in range(REPLICAS)])
     answers: dict[str, Any] = {}
     for failure, planted in MIRRORED_CELLS:
+        if keys is not None and cell_key(failure, planted) not in keys:
+            continue  # not selected: no test reads it
         try:
             answers[cell_key(failure, planted)] = sentinel_answer(
                 failure, planted, "mirrored", strategy
@@ -490,12 +493,14 @@ class MirroredRun:
         self.answers: dict[str, Any] | None = None
         self.problem: str | None = None
 
-    def start(self) -> None:
+    def start(self, keys: list[str] | None = None) -> None:
+        """Start the process, training the cells ``keys`` names (all when None)."""
         if self.process is not None:
             return
         boot = (
             f"import sys; sys.path.insert(0, {str(_TESTS)!r}); "
-            "import test_sentinel_setups; test_sentinel_setups.mirrored_main()"
+            "import test_sentinel_setups; "
+            f"test_sentinel_setups.mirrored_main({keys!r})"
         )
         env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
         with self.log.open("w") as log:  # the process keeps its own handle
@@ -512,7 +517,9 @@ class MirroredRun:
             self._read()
         if self.problem is not None:
             pytest.fail(self.problem)
-        found = self.answers[cell_key(failure, planted)]
+        found = self.answers.get(cell_key(failure, planted))
+        if found is None:
+            pytest.fail(f"the MirroredStrategy process did not train {cell_key(failure, planted)}")
         if "error" in found:
             pytest.fail(f"fit under MirroredStrategy raised: {found['error']}")
         return found
@@ -554,12 +561,18 @@ def mirrored(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MirroredRun]:
 @pytest.fixture(scope="module", autouse=True)
 def _start_mirrored(request: pytest.FixtureRequest, mirrored: MirroredRun) -> None:
     """Start the strategy's process before the first test, where one of its cells is
-    selected: it trains on the other core while this process trains the other columns."""
+    selected: it trains on the other core while this process trains the other columns.
+    It trains the selected cells only (the default run deselects two of its twins)."""
     here = request.module.__name__
-    if any(
-        item.module.__name__ == here and "mirrored" in item.nodeid for item in request.session.items
-    ):
-        mirrored.start()
+    keys = [
+        cell_key(item.callspec.params["failure"], item.callspec.params["planted"])
+        for item in request.session.items
+        if item.module.__name__ == here
+        and hasattr(item, "callspec")
+        and item.callspec.params.get("setup") == "mirrored"
+    ]
+    if keys:
+        mirrored.start(keys)
 
 
 @pytest.fixture(scope="module")
