@@ -137,7 +137,6 @@ def test_two_sweeps_into_one_folder_at_once(tmp_path, reference):
         assert other.poll() is None, other.communicate()[1]
         assert time.monotonic() < deadline, "the other sweep opened no store"
         time.sleep(0.02)
-    assert durable_rows(out) < 2, "the other sweep must still be training when this one starts"
     args = ("run", str(parts[1]), "--out", str(out), "--no-progress", "--resume")
     here = run_cli(*args, cwd=parts[1].parent)
     assert here.returncode == 0, here.stderr

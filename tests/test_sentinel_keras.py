@@ -69,22 +69,26 @@ def default_fit():
     }
 
 
-@pytest.mark.parametrize("steps_per_execution", [1, 5])
-def test_first_failing_step_is_counted_in_optimizer_steps(request, steps_per_execution):
-    if steps_per_execution == 1:  # the default compile: the shared fit
-        done = request.getfixturevalue("default_fit")
-        result, losses, finite = done["result"], done["losses"], done["finite"]
-    else:
-        model = planted_model(steps_per_execution=steps_per_execution)
-        sentinel = NanSentinel()
-        history = fit(model, request.getfixturevalue("late_data"), sentinel)
-        result, losses = sentinel.result, history.history["loss"]
-        finite = all_weights_finite(model)
+def _counted_in_optimizer_steps(result: dict, losses: list, finite: bool) -> None:
     assert (result["first_nan_epoch"], result["first_nan_step"]) == (1, BAD_BATCH + 1)
     assert (result["first_nan_where"], result["first_nan_layer"]) == ("forward", "planted_exp")
     assert result["first_nan_op"].startswith("Exp ")
     assert len(losses) == 1
     assert finite, "no update after the failing step may be applied"
+
+
+def test_first_failing_step_is_counted_in_optimizer_steps(default_fit):
+    """At ``steps_per_execution=1`` (the default compile: the shared fit)."""
+    done = default_fit
+    _counted_in_optimizer_steps(done["result"], done["losses"], done["finite"])
+
+
+def test_first_failing_step_is_counted_in_optimizer_steps_of_a_5_step_execution(late_data):
+    model = planted_model(steps_per_execution=5)
+    sentinel = NanSentinel()
+    history = fit(model, late_data, sentinel)
+    finite = all_weights_finite(model)
+    _counted_in_optimizer_steps(sentinel.result, history.history["loss"], finite)
 
 
 @pytest.mark.parametrize("jit_compile", [True, "auto"])
