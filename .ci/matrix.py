@@ -82,6 +82,25 @@ def package_versions(frozen: list[str]) -> dict[str, str]:
     return versions
 
 
+def frozen_packages(result: dict) -> list[str]:
+    """The env's ``pip freeze`` lines: tox's own record, or, where tox wrote none (it leaves
+    ``installed_packages`` out of some recreated envs), a ``pip freeze`` by the env's
+    interpreter, the one its install step ran (this script runs where the cells ran)."""
+    if result.get("installed_packages"):
+        return result["installed_packages"]
+    for step in result.get("setup", []):
+        command = step.get("command") or []
+        if command and Path(command[0]).exists() and command[1:4] == ["-I", "-m", "pip"]:
+            frozen = subprocess.run(
+                [command[0], "-m", "pip", "freeze", "--all"],
+                capture_output=True,
+                text=True,
+                check=False,
+            )
+            return frozen.stdout.splitlines()
+    return []
+
+
 def pytest_counts(output: str) -> dict[str, float]:
     """The counts and seconds of pytest's last summary line in ``output`` (empty if none)."""
     found = list(SUMMARY.finditer(output))
@@ -107,7 +126,7 @@ def env_rows(path: Path, commit: str, cpu: str) -> list[dict[str, object]]:
     for env, result in envs.items():
         if env == ".pkg" or "result" not in result:
             continue  # tox's packaging env: it runs no commands of ours
-        versions = package_versions(result.get("installed_packages", []))
+        versions = package_versions(frozen_packages(result))
         output = "".join(step.get("output", "") for step in result.get("test", []))
         python = result.get("python", {}).get("version_info", [])
         rows.append(

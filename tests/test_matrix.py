@@ -63,6 +63,26 @@ def test_pytests_counts_are_read_from_its_last_line(output, expected):
     assert bool(counts) == bool(expected)
 
 
+def test_an_env_tox_froze_no_packages_of_is_frozen_by_its_own_interpreter(tmp_path):
+    """tox 4.67 leaves ``installed_packages`` out of some recreated envs: the versions come
+    from a ``pip freeze`` by the interpreter the env's install step ran (here, this one)."""
+    import hypothesis
+    import keras
+
+    report = tox_result({"py311-tf216-float32": (GREEN, 0)})
+    env = report["testenvs"]["py311-tf216-float32"]
+    del env["installed_packages"]
+    env["setup"] = [{"command": [sys.executable, "-I", "-m", "pip", "install", "x"]}]
+    result = tmp_path / "cells.json"
+    result.write_text(json.dumps(report))
+    (row,) = matrix.env_rows(result, "abc", "a cpu")
+    assert (row["keras"], row["hypothesis"]) == (keras.__version__, hypothesis.__version__)
+    env["setup"] = [{"command": [str(tmp_path / "gone" / "python"), "-I", "-m", "pip"]}]
+    result.write_text(json.dumps(report))
+    (row,) = matrix.env_rows(result, "abc", "a cpu")
+    assert row["keras"] == "", "an env whose interpreter is gone has no versions to read"
+
+
 def test_each_env_becomes_a_row_and_the_markdown_names_every_declared_cell(tmp_path):
     result = tmp_path / "cells.json"
     envs = {"py312-tf216-float64": (GREEN, 0), "py312-tflatest-float32": (RED, 1)}
